@@ -1,0 +1,128 @@
+"""The `asteria` command.
+
+    asteria start                         # the product on the embedded default corpus
+    asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
+    asteria config --config run.toml      # print the resolved config as TOML
+
+Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
+key or a bad value stops the command before anything is built, naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from asteria_core.train.config import ConfigError, RunConfig
+from asteria_core.train.config_io import (
+    build_config,
+    config_to_dict,
+    parse_overrides,
+    read_config_file,
+)
+
+
+def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(f"unexpected argument {arg!r}; overrides look like "
+                              "--section.key value (for example --optim.lr 3e-3)")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(rest):
+                raise ConfigError(f"{arg[2:]}: missing value after {arg}")
+            key, value = arg[2:], rest[i + 1]
+            i += 2
+        pairs.append((key, value))
+    return pairs
+
+
+def resolve_config(config_path: str | None, rest: list[str]) -> RunConfig:
+    layers = [read_config_file(config_path)] if config_path else []
+    layers.append(parse_overrides(_split_overrides(rest)))
+    return build_config(*layers)
+
+
+def to_toml(config: RunConfig) -> str:
+    def fmt(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(value, list):
+            return "[" + ", ".join(fmt(v) for v in value) + "]"
+        return repr(value)
+
+    lines = []
+    for section, values in config_to_dict(config).items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {fmt(value)}" for key, value in values.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
+    from asteria_core.train.trainer import Trainer
+
+    trainer = Trainer(config)
+    n = trainer.model_params
+    print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
+          f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
+          f"writing {trainer.run_dir}", flush=True)
+    try:
+        result = trainer.train(progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\nasteria: interrupted at step {trainer.step}; checkpoint saved in "
+              f"{trainer.run_dir}", file=sys.stderr)
+        return 130
+    finally:
+        trainer.close()
+    if result.eval_losses:
+        last_step = max(result.eval_losses)
+        print(f"asteria: done at step {result.step}; validation loss "
+              f"{result.eval_losses[last_step]:.4f} (step {last_step}); checkpoint "
+              f"{result.run_dir / 'checkpoint.pt'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asteria", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("start", "start the product on the embedded default corpus"),
+        ("train", "train a GPT from a config file and overrides"),
+        ("config", "print the resolved config as TOML"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", help="a TOML or YAML config file")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args, rest = build_parser().parse_known_args(argv)
+    try:
+        config = resolve_config(args.config, rest)
+    except ConfigError as err:
+        print(f"asteria: config error: {err}", file=sys.stderr)
+        return 2
+    match args.command:
+        case "config":
+            print(to_toml(config), end="")
+            return 0
+        case "start" | "train":
+            return _cmd_train(config, args)
+        case _:
+            raise NotImplementedError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Corpus, byte-level tokenizer and a resumable batch loader.
+
+The embedded default corpus is the English documentation text that ships inside CPython
+(`pydoc_data.topics`, about 465 KB), so the default run needs no download. The split is
+deterministic: the last `val_fraction` of the byte stream is validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".text", "")
+
+
+def encode(text: str) -> torch.Tensor:
+    """Byte-level tokenizer: UTF-8 bytes as token ids 0..255."""
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+
+
+def decode(tokens: torch.Tensor) -> str:
+    return bytes(tokens.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+def embedded_corpus() -> str:
+    """pydoc_data.topics, joined in sorted key order so the text is the same on every run."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def load_corpus(path: str) -> str:
+    """Read a text file, or every text file under a folder (sorted); empty path -> embedded."""
+    if not path:
+        return embedded_corpus()
+    root = Path(path).expanduser()
+    if root.is_file():
+        return root.read_text(encoding="utf-8", errors="replace")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    if not files:
+        raise ValueError(f"data.corpus: folder {path!r} holds no text files "
+                         f"(looked for suffixes {', '.join(s or 'none' for s in TEXT_SUFFIXES)})")
+    return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+
+
+def split_tokens(tokens: torch.Tensor, val_fraction: float, block_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    n_val = int(len(tokens) * val_fraction)
+    train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) < block_size + 2:
+            raise ValueError(f"data.corpus: the {name} split has {len(part)} tokens, fewer than "
+                             f"model.block_size + 2 = {block_size + 2}; use a larger corpus")
+    return train, val
+
+
+@dataclass(slots=True)
+class LoaderState:
+    """Where the loader is: which epoch, and how far into that epoch's order."""
+
+    epoch: int = 0
+    cursor: int = 0
+
+
+class BatchLoader:
+    """Non-overlapping windows of `block_size + 1` tokens, shuffled per epoch.
+
+    The order of an epoch depends only on (seed, epoch), so `state` (epoch, cursor) is the
+    whole data position: a resumed run sees exactly the batches the uninterrupted run saw.
+    Each epoch also shifts the window grid by a random offset so windows differ across epochs.
+    """
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int, seed: int) -> None:
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.state = LoaderState()
+        self._order_epoch = -1
+        self._starts = torch.empty(0, dtype=torch.long)
+
+    def _epoch_starts(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        span = self.block_size + 1
+        offset = int(torch.randint(0, span, (1,), generator=g))
+        n = (len(self.tokens) - offset) // span
+        starts = offset + span * torch.arange(n)
+        return starts[torch.randperm(n, generator=g)]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (B, T) int64 on CPU; y is x shifted by one token."""
+        rows = []
+        while len(rows) < self.batch_size:
+            if self._order_epoch != self.state.epoch:
+                self._starts = self._epoch_starts(self.state.epoch)
+                self._order_epoch = self.state.epoch
+            if self.state.cursor >= len(self._starts):
+                self.state = LoaderState(self.state.epoch + 1, 0)
+                continue
+            start = int(self._starts[self.state.cursor])
+            rows.append(self.tokens[start: start + self.block_size + 1])
+            self.state.cursor += 1
+        batch = torch.stack(rows)  # (B, T + 1)
+        return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.state.epoch, "cursor": self.state.cursor}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.state = LoaderState(int(state["epoch"]), int(state["cursor"]))
+
+
+def fixed_eval_batches(tokens: torch.Tensor, block_size: int, batch_size: int, n_batches: int
+                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same validation batches at every evaluation, spread evenly over the split."""
+    span = block_size + 1
+    n_windows = max(1, (len(tokens) - 1) // span)
+    want = min(n_windows, batch_size * n_batches)
+    idx = torch.linspace(0, n_windows - 1, want).long()
+    windows = torch.stack([tokens[i * span: i * span + span] for i in idx.tolist()])
+    return [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows.split(batch_size)]
