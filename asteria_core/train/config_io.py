@@ -40,7 +40,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         args = typing.get_args(tp)
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise bad
-        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+        pairs = enumerate(zip(value, args, strict=True))
+        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in pairs)
     if tp is bool:
         if not isinstance(value, bool):
             raise bad
@@ -67,7 +68,8 @@ def _parse_text(key: str, text: str, tp: Any) -> Any:
         parts = [p.strip() for p in text.split(",")]
         if len(parts) != len(args):
             raise ConfigError(f"{key}: got {text!r}; allowed: {_type_name(tp)} (comma-separated)")
-        return tuple(_parse_text(f"{key}[{i}]", p, a) for i, (p, a) in enumerate(zip(parts, args)))
+        pairs = enumerate(zip(parts, args, strict=True))
+        return tuple(_parse_text(f"{key}[{i}]", p, a) for i, (p, a) in pairs)
     if tp is str:
         return text
     if tp is bool:
