@@ -1,0 +1,96 @@
+import subprocess
+import sys
+
+import pytest
+
+from asteria_core.cli import resolve_config, to_toml
+from asteria_core.train.config import ConfigError, OptimConfig
+from asteria_core.train.config_io import (
+    build_config,
+    config_from_dict,
+    config_to_dict,
+    read_config_file,
+)
+
+
+def test_defaults_round_trip_through_dict_and_toml(tmp_path):
+    config = build_config()
+    assert config_from_dict(config_to_dict(config)) == config
+    path = tmp_path / "run.toml"
+    path.write_text(to_toml(config))
+    assert build_config(read_config_file(path)) == config
+
+
+def test_file_then_overrides_later_wins(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[optim]\nlr = 0.01\nbetas = [0.8, 0.9]\n[train]\nsteps = 7\n")
+    config = resolve_config(str(path), ["--optim.lr", "3e-3", "--train.seed=5"])
+    assert config.optim.lr == 3e-3
+    assert config.optim.betas == (0.8, 0.9)
+    assert (config.train.steps, config.train.seed) == (7, 5)
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  n_layer: 2\n  tie_weights: false\n")
+    config = resolve_config(str(path), [])
+    assert config.model.n_layer == 2 and config.model.tie_weights is False
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[optim]\nlrr = 0.1\n", "unknown config key 'optim.lrr'"),
+        ("[optimizer]\nlr = 0.1\n", "unknown config section 'optimizer'"),
+        ("[optim]\nlr = \"fast\"\n", "optim.lr: got 'fast' (str); allowed: a number"),
+        ("[train]\nsteps = 1.5\n", "train.steps: got 1.5 (float); allowed: an integer"),
+        ("[model]\nbias = 1\n", "model.bias: got 1 (int); allowed: true or false"),
+        ("[optim]\nlr = -0.001\n", "optim.lr: got -0.001; allowed: a number in (0.0, 10.0]"),
+        ("[optim]\nbetas = [0.9]\n", "optim.betas: got [0.9]"),
+        ("[model]\nn_head = 3\n", "model.n_head: got 3; allowed: a divisor of model.n_embd"),
+        ("[data]\ncorpus = \"/no/such/corpus\"\n", "data.corpus: path '/no/such/corpus' does not"),
+        ("[optim]\nname = \"sgd\"\n", "optim.name: got 'sgd'; allowed: adamw | soap"),
+    ],
+)
+def test_bad_config_file_names_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        resolve_config(str(path), [])
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--optim.lr", "-1"], "optim.lr: got -1.0"),
+        (["--optim.lr", "abc"], "optim.lr: got 'abc'; allowed: a number"),
+        (["--train.stepz", "3"], "unknown config key 'train.stepz'"),
+        (["--optim.betas", "0.9"], "optim.betas: got '0.9'"),
+        (["--train.steps"], "missing value"),
+        (["steps=3"], "unexpected argument 'steps=3'"),
+    ],
+)
+def test_bad_override_names_the_key(args, message):
+    with pytest.raises(ConfigError) as err:
+        resolve_config(None, args)
+    assert message in str(err.value)
+
+
+def test_nan_and_bool_are_not_numbers():
+    with pytest.raises(ConfigError, match="optim.lr"):
+        OptimConfig(lr=float("nan"))
+    with pytest.raises(ConfigError, match="optim.warmup_steps"):
+        OptimConfig(warmup_steps=True)
+
+
+def test_cli_fails_fast_with_exit_code_2(tmp_path):
+    """A bad config stops the real command before any model is built."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "asteria_core.cli", "train", "--optim.lr", "-3",
+         "--train.out_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "config error: optim.lr: got -3.0" in proc.stderr
+    assert not any(tmp_path.iterdir()), "nothing may be written for a rejected config"

@@ -1,0 +1,106 @@
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from asteria_core.train import checkpoint as ckpt
+from asteria_core.train.timing import PHASES
+from asteria_core.train.trainer import Trainer
+
+
+def _resume_config(config, path):
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, resume=str(path)))
+
+
+def test_stop_at_250_and_resume_matches_uninterrupted_bit_for_bit(tiny):
+    config = tiny(steps=300, eval_interval=100)
+    straight = Trainer(config, run_id="straight")
+    full = straight.train(progress=False)
+    straight.close()
+
+    first = Trainer(config, run_id="stopped")
+    part = first.train(stop_at=250, progress=False)
+    first.close()
+    assert part.stopped_early and part.step == 250
+
+    resumed = Trainer(_resume_config(config, part.run_dir / ckpt.CHECKPOINT_NAME))
+    assert resumed.step == 250 and resumed.run_id == "stopped"
+    rest = resumed.train(progress=False)
+    resumed.close()
+
+    assert part.train_losses + rest.train_losses == full.train_losses  # exact float equality
+    assert rest.eval_losses == {300: full.eval_losses[300]}
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(),
+                                 resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_training_reduces_loss_and_records_every_step(tiny):
+    trainer = Trainer(tiny(steps=60, eval_interval=30))
+    seen = []
+    trainer.record_sinks.append(seen.append)
+    result = trainer.train(progress=False)
+    trainer.close()
+    assert [r.step for r in seen] == list(range(1, 61))
+    assert result.eval_losses[60] < result.eval_losses[30] < 5.0
+    lines = (result.run_dir / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 61))
+    for record in seen:
+        assert set(record.phase_seconds) == set(PHASES)
+        assert all(v >= 0 for v in record.phase_seconds.values())
+        # Phases are disjoint slices of the step, so they cannot add up to more than it.
+        assert sum(record.phase_seconds.values()) <= record.step_seconds
+        assert record.tokens == 4 * 32
+    assert seen[0].lr < seen[10].lr  # warmup
+
+
+def test_boundary_hooks_run_once_per_step_after_the_update(tiny):
+    trainer = Trainer(tiny(steps=5), jsonl=False)
+    calls = []
+    trainer.boundary_hooks.append(lambda step: calls.append((step, trainer.step)))
+    trainer.train(progress=False)
+    assert calls == [(s, s) for s in range(1, 6)]
+
+
+def test_request_stop_ends_at_a_boundary_with_a_checkpoint(tiny):
+    trainer = Trainer(tiny(steps=50), jsonl=False)
+    trainer.boundary_hooks.append(lambda step: step == 7 and trainer.request_stop())
+    result = trainer.train(progress=False)
+    assert result.step == 7 and result.stopped_early
+    assert ckpt.load(result.run_dir / ckpt.CHECKPOINT_NAME)["step"] == 7
+
+
+class _ExplodesWhilePickled:
+    def __reduce__(self):
+        raise RuntimeError("simulated crash in the middle of writing a checkpoint")
+
+
+def test_crash_mid_write_keeps_the_last_good_checkpoint(tiny):
+    trainer = Trainer(tiny(steps=3), jsonl=False)
+    trainer.train(progress=False)
+    path = trainer.run_dir / ckpt.CHECKPOINT_NAME
+    good = path.read_bytes()
+    state = trainer.checkpoint_state()
+    state["poison"] = [torch.zeros(1000), _ExplodesWhilePickled()]
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        ckpt.save_atomic(state, path)
+    assert path.read_bytes() == good
+    assert [p.name for p in path.parent.iterdir()] == [ckpt.CHECKPOINT_NAME]  # no temp left
+    assert ckpt.load(path)["step"] == 3
+
+
+def test_resume_rejects_a_file_that_is_not_a_checkpoint(tiny, tmp_path):
+    bogus = tmp_path / "bogus.pt"
+    torch.save({"hello": 1}, bogus)
+    with pytest.raises(ValueError, match="train.resume"):
+        Trainer(_resume_config(tiny(), bogus))
+
+
+def test_resume_takes_the_architecture_from_the_checkpoint(tiny):
+    config = tiny(steps=2)
+    trainer = Trainer(config, jsonl=False)
+    trainer.train(progress=False)
+    other = dataclasses.replace(config, model=dataclasses.replace(config.model, n_layer=3))
+    resumed = Trainer(_resume_config(other, trainer.run_dir / ckpt.CHECKPOINT_NAME), jsonl=False)
+    assert resumed.config.model.n_layer == 2
