@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 RecordSink = Callable[[StepRecord], None]
 BoundaryHook = Callable[[int], None]
+CheckpointSink = Callable[[int, Path], None]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,6 +100,9 @@ class Trainer:
         self.step = 0
         self.record_sinks: list[RecordSink] = []
         self.boundary_hooks: list[BoundaryHook] = []
+        # Run between steps, outside any step's timing: commands such as pause or checkpoint.
+        self.between_steps_hooks: list[BoundaryHook] = []
+        self.checkpoint_sinks: list[CheckpointSink] = []
         self._stop_requested = False
         self._jsonl = JsonlWriter(self.run_dir / "steps.jsonl") if jsonl else None
         if self._jsonl is not None:
@@ -124,6 +128,8 @@ class Trainer:
     def save_checkpoint(self, path: Path | None = None) -> Path:
         path = path or self.run_dir / ckpt.CHECKPOINT_NAME
         ckpt.save_atomic(self.checkpoint_state(), path)
+        for sink in self.checkpoint_sinks:
+            sink(self.step, path)
         return path
 
     def _restore(self, state: dict) -> None:
@@ -202,7 +208,11 @@ class Trainer:
         result = TrainResult(run_dir=self.run_dir, step=self.step)
         bar = _progress_bar(self.step, cfg.steps, enabled=progress)
         try:
-            while self.step < last and not self._stop_requested:
+            while self.step < last:
+                for hook in self.between_steps_hooks:
+                    hook(self.step)
+                if self._stop_requested:
+                    break
                 record = self.train_step()
                 if self._due_eval():
                     record.eval_loss = self.evaluate()
