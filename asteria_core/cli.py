@@ -3,6 +3,7 @@
     asteria start                         # the product on the embedded default corpus
     asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
     asteria config --config run.toml      # print the resolved config as TOML
+    asteria serve --port 8000             # the control plane, with a default run
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
 key or a bad value stops the command before anything is built, naming the key.
@@ -91,6 +92,25 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
+    # Imported here: asteria_core never imports the control plane at module level.
+    import uvicorn
+
+    from backend.app import create_app
+    from backend.settings import Settings
+
+    overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None},
+                        start_default_run=not args.no_default_run)
+    if config.train.checkpoint_interval == 0:
+        config.train.checkpoint_interval = 100  # a crash of a served run loses little
+    app = create_app(settings, default_config=config)
+    print(f"asteria: control plane on http://{settings.host}:{settings.port} "
+          f"(API docs at /docs, metrics at /metrics)", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asteria", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", help="a TOML or YAML config file")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    serve = sub.add_parser("serve", help="start the control plane (and a default run)")
+    serve.add_argument("--config", help="config of the default run (TOML or YAML)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1, or ASTERIA_HOST)")
+    serve.add_argument("--port", type=int, help="port (default 8000, or ASTERIA_PORT)")
+    serve.add_argument("--data-dir", help="run store, runs and token (default asteria-data)")
+    serve.add_argument("--no-default-run", action="store_true",
+                       help="start no run; start one with POST /runs")
     return parser
 
 
@@ -120,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         case "start" | "train":
             return _cmd_train(config, args)
+        case "serve":
+            return _cmd_serve(config, args)
         case _:
             raise NotImplementedError(args.command)
 

@@ -115,12 +115,13 @@ Validator = Callable[[Policy], None]
 class LivePolicy:
     """The policy in force, plus changes queued for the next step boundary (thread-safe)."""
 
-    def __init__(self, initial: Policy | None = None, *, start_step: int = 0) -> None:
+    def __init__(self, initial: Policy | None = None, *, version: int = 1,
+                 start_step: int = 0) -> None:
         self._lock = threading.Lock()
         self._current = initial or Policy()
-        self._version = 1
+        self._version = version
         self._newest = self._current
-        self._newest_version = 1
+        self._newest_version = version
         self._pending: list[PolicyChange] = []
         self._history: list[PolicyChange] = []
         self._last_boundary = start_step

@@ -1,0 +1,113 @@
+"""The control plane: a FastAPI app hosted by the trainer process.
+
+`create_app(settings)` wires the run store, the run manager, live events and auth; the lifespan
+marks runs left active by a dead process as interrupted and starts the default run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from asteria_core.policy import PolicyError
+from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
+from backend.auth import load_or_create_token
+from backend.events import Broadcaster
+from backend.routes import data, policy, runs
+from backend.runs import RunConflict, RunManager, RunNotFound
+from backend.settings import Settings, get_settings
+from backend.store import RunStore
+
+log = logging.getLogger(__name__)
+
+
+def default_run_config() -> RunConfig:
+    """The embedded default run, with periodic checkpoints so a crash loses little."""
+    return RunConfig(train=TrainConfig(checkpoint_interval=100))
+
+
+def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RunNotFound)
+    def not_found(_: Request, err: RunNotFound) -> JSONResponse:
+        return JSONResponse({"detail": f"no run {err.args[0]!r}"}, status.HTTP_404_NOT_FOUND)
+
+    @app.exception_handler(RunConflict)
+    def conflict(_: Request, err: RunConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(PolicyError)
+    def bad_policy(_: Request, err: PolicyError) -> JSONResponse:
+        return _error(422, ["body", err.field], str(err), "policy_error")
+
+    @app.exception_handler(ConfigError)
+    def bad_config(_: Request, err: ConfigError) -> JSONResponse:
+        key = str(err).split(":", 1)[0].strip()
+        return _error(422, ["body", "config", *key.split(".")], str(err), "config_error")
+
+
+def _metrics(app: FastAPI) -> tuple[bytes, str]:
+    """The exposition of the active run's telemetry, or of an empty registry between runs."""
+    active = app.state.manager.active()
+    telemetry = getattr(getattr(active, "trainer", None), "telemetry", None)
+    if telemetry is not None:
+        return telemetry.exposition()
+    return generate_latest(CollectorRegistry()), CONTENT_TYPE_LATEST
+
+
+def create_app(settings: Settings | None = None,
+               default_config: RunConfig | None = None) -> FastAPI:
+    """The app; `default_config` is the run started at start-up (if settings allow)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = RunStore(settings.resolved_db_path, flush_seconds=settings.store_flush_seconds)
+        interrupted = store.mark_interrupted()
+        if interrupted:
+            log.warning("runs left active by a previous process, now interrupted: %s",
+                        ", ".join(interrupted))
+        token, created = load_or_create_token(settings.token, settings.resolved_token_file)
+        if created:
+            print(f"asteria: API token (saved to {settings.resolved_token_file}, mode 0600): "
+                  f"{token}", flush=True)
+        app.state.store, app.state.token = store, token
+        app.state.events = Broadcaster()
+        app.state.manager = RunManager(store, app.state.events, settings.runs_dir)
+        app.state.metrics = lambda: _metrics(app)
+        if settings.start_default_run:
+            app.state.manager.start(default_config or default_run_config())
+        try:
+            yield
+        finally:
+            app.state.manager.shutdown()
+            store.close()
+
+    app = FastAPI(
+        title="Asteria control plane",
+        version="0.1.0",
+        description="Runs, live policy, step records, live events and metrics of an Asteria "
+                    "trainer. Mutating routes need `Authorization: Bearer <token>`.",
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+        responses={400: {"description": "malformed request"},
+                   413: {"description": "request body too large"},
+                   422: {"description": "invalid input; the message names the field"}},
+    )
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
+                           allow_methods=["GET", "POST", "PATCH"],
+                           allow_headers=["Authorization", "Content-Type"])
+    _install_error_handlers(app)
+    for module in (runs, policy, data):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,34 @@
+"""Request dependencies as Annotated aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+
+from backend.auth import token_matches
+from backend.runs import RunManager
+from backend.store import RunStore
+
+
+def get_manager(request: Request) -> RunManager:
+    return request.app.state.manager
+
+
+def get_store(request: Request) -> RunStore:
+    return request.app.state.store
+
+
+def require_token(request: Request) -> str:
+    """401 unless the bearer token matches; returns a client label for the audit log."""
+    if not token_matches(request.headers.get("authorization"), request.app.state.token):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+    host = request.client.host if request.client else "unknown"
+    agent = request.headers.get("user-agent", "")[:60]
+    return f"{host} {agent}".strip()
+
+
+Manager = Annotated[RunManager, Depends(get_manager)]
+Store = Annotated[RunStore, Depends(get_store)]
+Client = Annotated[str, Depends(require_token)]

@@ -1,0 +1,64 @@
+"""Data: step records (paged), live events (SSE), Prometheus metrics, health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from backend.deps import Manager
+from backend.schemas import Health, StepPage
+
+router = APIRouter(tags=["data"])
+KEEPALIVE_SECONDS = 15.0
+
+
+def existing_run(run_id: str, manager: Manager) -> str:
+    manager.get(run_id)  # RunNotFound -> 404, before any response starts
+    return run_id
+
+
+RunId = Annotated[str, Depends(existing_run)]
+
+
+@router.get("/runs/{run_id}/steps", responses={404: {"description": "no such run"}})
+def get_steps(run_id: RunId, manager: Manager,
+              since: Annotated[int, Query(ge=0, le=2**62)] = 0,
+              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> StepPage:
+    steps = manager.store.steps(run_id, since, limit)
+    return StepPage(run_id=run_id, steps=steps, next_since=steps[-1]["step"] if steps else since)
+
+
+@router.get("/runs/{run_id}/events", response_class=EventSourceResponse,
+            responses={404: {"description": "no such run"}})
+async def run_events(run_id: RunId, request: Request) -> AsyncIterator[ServerSentEvent]:
+    """Live step records, policy changes and status changes of one run."""
+    events = request.app.state.events
+    sub = events.subscribe(run_id)
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield ServerSentEvent(comment="keepalive")
+                continue
+            yield ServerSentEvent(raw_data=json.dumps(event.data), event=event.kind)
+    finally:
+        events.unsubscribe(sub)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}})
+def metrics(request: Request) -> Response:
+    body, content_type = request.app.state.metrics()
+    return Response(content=body, media_type=content_type)
+
+
+@router.get("/healthz")
+def healthz(manager: Manager) -> Health:
+    active = manager.active()
+    return Health(status="ok", active_run=active.run_id if active else None)

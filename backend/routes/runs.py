@@ -1,0 +1,55 @@
+"""Runs: start, list, get, and the commands stop | pause | resume | checkpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from asteria_core.policy import Policy
+from asteria_core.train.config_io import config_from_dict
+from backend.deps import Client, Manager
+from backend.schemas import CommandAccepted, RunCreate, RunPublic
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+COMMAND_DETAIL = {
+    "stop": "the run stops at its next step boundary and writes a checkpoint",
+    "pause": "the run pauses at its next step boundary",
+    "resume": "the run continues (from its checkpoint if it was not active)",
+    "checkpoint": "a checkpoint is written at the next step boundary",
+}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED,
+             responses={409: {"description": "a run is already active"},
+                        401: {"description": "missing or wrong token"}})
+def create_run(body: RunCreate, manager: Manager, _client: Client) -> RunPublic:
+    config = config_from_dict(body.config)  # ConfigError -> 422 naming the key
+    policy = Policy(**body.policy)  # PolicyError -> 422 naming the field
+    return RunPublic.model_validate(manager.start(config, policy))
+
+
+@router.get("")
+def list_runs(manager: Manager) -> list[RunPublic]:
+    return [RunPublic.model_validate(row) for row in manager.store.list_runs()]
+
+
+@router.get("/{run_id}", responses={404: {"description": "no such run"}})
+def get_run(run_id: str, manager: Manager) -> RunPublic:
+    return RunPublic.model_validate(manager.get(run_id))
+
+
+def _command_route(command: str) -> None:
+    def run_command(run_id: str, manager: Manager, _client: Client) -> CommandAccepted:
+        run = RunPublic.model_validate(manager.command(run_id, command))
+        return CommandAccepted(run=run, command=command, detail=COMMAND_DETAIL[command])
+
+    router.add_api_route(
+        f"/{{run_id}}/{command}", run_command, methods=["POST"],
+        status_code=status.HTTP_202_ACCEPTED, name=f"{command}_run",
+        summary=f"{command.capitalize()} a run", description=COMMAND_DETAIL[command],
+        responses={404: {"description": "no such run"},
+                   409: {"description": "the run's state does not allow this"},
+                   401: {"description": "missing or wrong token"}})
+
+
+for _command in COMMAND_DETAIL:
+    _command_route(_command)

@@ -1,0 +1,228 @@
+"""Runs: one active training run per trainer process, driven from HTTP without blocking on it.
+
+The run trains in its own thread. Routes never wait for training: commands (pause, resume,
+stop, checkpoint) go into a queue drained between steps, and policy changes go to the run's
+`LivePolicy`, applied at the next step boundary. Step records and policy changes flow to the
+run store (batched) and to live-event subscribers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asteria_core.policy import LivePolicy, Policy, PolicyChange
+from asteria_core.train.config import RunConfig
+from asteria_core.train.config_io import config_from_dict, config_to_dict
+from asteria_core.train.records import StepRecord
+from asteria_core.train.trainer import Trainer
+from backend.events import Broadcaster, Event
+from backend.store import RunStore
+
+log = logging.getLogger(__name__)
+COMMANDS = ("pause", "resume", "stop", "checkpoint")
+RESUMABLE = ("interrupted", "stopped", "failed")
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+class RunConflict(RuntimeError):
+    """The request does not fit the run's state (e.g. a second active run)."""
+
+
+@dataclass
+class ActiveRun:
+    run_id: str
+    config: RunConfig
+    policy: LivePolicy
+    commands: queue.Queue[str] = field(default_factory=queue.Queue)
+    trainer: Trainer | None = None
+    thread: threading.Thread | None = None
+    paused: bool = False
+    version_in_step: int = 1
+
+
+class RunManager:
+    def __init__(self, store: RunStore, events: Broadcaster, runs_dir: Path) -> None:
+        self.store = store
+        self.events = events
+        self.runs_dir = runs_dir
+        self._lock = threading.Lock()
+        self._active: ActiveRun | None = None
+
+    # ------------------------------------------------------------------ queries
+    def active(self) -> ActiveRun | None:
+        return self._active
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        row = self.store.get_run(run_id)
+        if row is None:
+            raise RunNotFound(run_id)
+        active = self._active
+        if active is not None and active.run_id == run_id:
+            row["status"] = "paused" if active.paused else row["status"]
+            if active.trainer is not None:
+                row["step"] = active.trainer.step
+        return row
+
+    def _require_active(self, run_id: str) -> ActiveRun:
+        self.get(run_id)  # 404 first
+        active = self._active
+        if active is None or active.run_id != run_id:
+            raise RunConflict(f"run {run_id} is not active")
+        return active
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, config: RunConfig, policy: Policy | None = None) -> dict[str, Any]:
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        config = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, out_dir=str(self.runs_dir)))
+        with self._lock:
+            self._check_idle()
+            active = ActiveRun(run_id, config, LivePolicy(policy or Policy()))
+            self.store.create_run(run_id, config_to_dict(config), str(self.runs_dir / run_id),
+                                  config.train.steps)
+            self.store.set_policy(run_id, active.policy.current.to_dict(), active.policy.version)
+            self._launch(active)
+        return self.get(run_id)
+
+    def resume(self, run_id: str) -> dict[str, Any]:
+        """Unpause an active run, or restart a stopped/interrupted one from its checkpoint."""
+        row = self.get(run_id)
+        active = self._active
+        if active is not None and active.run_id == run_id:
+            active.commands.put("resume")
+            return self.get(run_id)
+        if row["status"] not in RESUMABLE:
+            raise RunConflict(f"run {run_id} is {row['status']}; only "
+                              f"{', '.join(RESUMABLE)} runs can be resumed")
+        checkpoint = Path(row["run_dir"]) / "checkpoint.pt"
+        if not checkpoint.is_file():
+            raise RunConflict(f"run {run_id} has no checkpoint to resume from")
+        config = config_from_dict(row["config"])
+        config = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, resume=str(checkpoint)))
+        policy = Policy(**row["policy"]) if row["policy"] else Policy()
+        with self._lock:
+            self._check_idle()
+            active = ActiveRun(run_id, config, LivePolicy(policy, version=row["policy_version"]))
+            self.store.set_status(run_id, "running")
+            self._launch(active)
+        return self.get(run_id)
+
+    def command(self, run_id: str, command: str) -> dict[str, Any]:
+        if command == "resume":
+            return self.resume(run_id)
+        active = self._require_active(run_id)
+        active.commands.put(command)
+        return self.get(run_id)
+
+    def propose_policy(self, run_id: str, changes: dict[str, Any], client: str) -> PolicyChange:
+        return self._require_active(run_id).policy.propose(changes, client=client)
+
+    def policy(self, run_id: str) -> tuple[dict[str, Any], int, list[PolicyChange]]:
+        active = self._active
+        if active is not None and active.run_id == run_id:
+            live = active.policy
+            return live.current.to_dict(), live.version, live.pending()
+        row = self.get(run_id)
+        return row["policy"] or Policy().to_dict(), row["policy_version"], []
+
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Stop the active run at its next step boundary and wait for its checkpoint."""
+        active = self._active
+        if active is not None:
+            active.commands.put("stop")
+            if active.thread is not None:
+                active.thread.join(timeout)
+
+    def _check_idle(self) -> None:
+        if self._active is not None:
+            raise RunConflict(f"run {self._active.run_id} is active; one active run per trainer")
+
+    def _launch(self, active: ActiveRun) -> None:
+        self._active = active
+        active.thread = threading.Thread(target=self._train, args=(active,),
+                                         name=f"train-{active.run_id}", daemon=True)
+        active.thread.start()
+
+    # ------------------------------------------------------------------ training thread
+    def _train(self, active: ActiveRun) -> None:
+        status, error = "failed", None
+        try:
+            trainer = Trainer(active.config, run_id=active.run_id)
+            active.trainer = trainer
+            trainer.boundary_hooks.insert(0, lambda step: self._apply_policy(active, step))
+            trainer.between_steps_hooks.append(lambda step: self._drain(active))
+            trainer.record_sinks.append(lambda record: self._on_record(active, record))
+            trainer.checkpoint_sinks.append(
+                lambda step, path: self.store.set_checkpoint(active.run_id, step))
+            try:
+                result = trainer.train(progress=False)
+            finally:
+                trainer.close()
+            status = "stopped" if result.stopped_early else "finished"
+        except Exception as err:  # the run fails; the server and the history stay
+            log.exception("run %s failed", active.run_id)
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            self.store.set_status(active.run_id, status, error=error)
+            with self._lock:
+                self._active = None
+            self.events.publish(Event("status", active.run_id, {"status": status,
+                                                                "error": error}))
+
+    def _apply_policy(self, active: ActiveRun, step: int) -> None:
+        active.version_in_step = active.policy.version
+        for change in active.policy.apply_pending(step):
+            data = dataclasses.asdict(change)
+            self.store.add_policy_change(active.run_id, data)
+            self.events.publish(Event("policy", active.run_id, data))
+        if active.policy.version != active.version_in_step:
+            self.store.set_policy(active.run_id, active.policy.current.to_dict(),
+                                  active.policy.version)
+
+    def _on_record(self, active: ActiveRun, record: StepRecord) -> None:
+        record.extra["policy_version"] = active.version_in_step
+        data = record.to_dict()
+        self.store.add_step(active.run_id, data)
+        self.events.publish(Event("step", active.run_id, data))
+
+    def _drain(self, active: ActiveRun) -> None:
+        """Between steps: run queued commands; while paused, wait here for the next one."""
+        trainer = active.trainer
+        while True:
+            try:
+                command = active.commands.get(block=active.paused, timeout=0.5)
+            except queue.Empty:
+                if active.paused:
+                    continue
+                return
+            match command:
+                case "pause":
+                    active.paused = True
+                    self._publish_status(active, "paused")
+                case "resume":
+                    active.paused = False
+                    self._publish_status(active, "running")
+                case "checkpoint":
+                    trainer.save_checkpoint()
+                case "stop":
+                    trainer.request_stop()
+                    active.paused = False
+                    return
+                case _:
+                    raise NotImplementedError(command)
+
+    def _publish_status(self, active: ActiveRun, status: str) -> None:
+        self.store.set_status(active.run_id, status)
+        self.events.publish(Event("status", active.run_id, {"status": status}))

@@ -1,0 +1,50 @@
+"""Control-plane settings from the environment (prefix ASTERIA_), built by a cached factory."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ASTERIA_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    """Bind address; loopback unless told otherwise."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    data_dir: Path = Path("asteria-data")
+    """Holds the run store (SQLite), run folders (checkpoints, step records) and the token file."""
+    token: str | None = None
+    """Bearer token for mutating routes; when unset, read from (or created in) token_file."""
+    token_file: Path | None = None
+    """Defaults to <data_dir>/token, created with mode 0600 at first start."""
+    db_path: Path | None = None
+    """Defaults to <data_dir>/asteria.db."""
+    cors_origins: list[str] = []
+    """Origins allowed by CORS; empty (the default) turns CORS off."""
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Largest request body accepted; larger bodies get 413."""
+    start_default_run: bool = True
+    """Start a run on the embedded default corpus when the server starts."""
+    store_flush_seconds: float = Field(default=0.5, gt=0, le=60)
+    """Step records are written to SQLite in batches at most this far apart."""
+
+    @property
+    def resolved_db_path(self) -> Path:
+        return self.db_path or self.data_dir / "asteria.db"
+
+    @property
+    def resolved_token_file(self) -> Path:
+        return self.token_file or self.data_dir / "token"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

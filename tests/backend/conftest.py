@@ -1,0 +1,83 @@
+"""A real control plane on a free loopback port (uvicorn in a thread), and an httpx client."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from backend.app import create_app
+from backend.settings import Settings
+
+TOKEN = "test-token-123"
+TINY = {
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
+    "data": {"batch_size": 4},
+    "train": {"steps": 100000, "eval_interval": 1000, "eval_batches": 2, "threads": 1},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = f"http://127.0.0.1:{settings.port}"
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port,
+                                log_level="warning", workers=1)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    def make(**overrides) -> LiveServer:
+        kw = {"port": free_port(), "data_dir": tmp_path / "data", "token": TOKEN,
+              "start_default_run": False, "store_flush_seconds": 0.1}
+        kw.update(overrides)
+        return LiveServer(Settings(**kw))
+    return make
+
+
+@pytest.fixture
+def server(server_factory):
+    with server_factory() as live:
+        yield live
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=30,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
+    """Poll until predicate() is truthy and return it; fail loudly on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(interval)
