@@ -1,0 +1,34 @@
+"""Telemetry: the Reporter interface, idle attribution, energy meters, Prometheus metrics.
+
+Importing this package (or `asteria_core.telemetry.reporter`, which the training loop uses)
+does not import prometheus_client: `Telemetry` and the exporter load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from asteria_core.telemetry.reporter import (
+    IDLE_CAUSES,
+    TIERS,
+    WAIT_CAUSES,
+    NullReporter,
+    Reporter,
+    RunReporter,
+)
+
+_LAZY = {
+    "Telemetry": "asteria_core.telemetry.core",
+    "CONTENT_TYPE": "asteria_core.telemetry.core",
+    "StepHistory": "asteria_core.telemetry.history",
+}
+
+__all__ = ["CONTENT_TYPE", "IDLE_CAUSES", "TIERS", "WAIT_CAUSES", "NullReporter", "Reporter",
+           "RunReporter", "StepHistory", "Telemetry"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

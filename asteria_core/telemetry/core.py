@@ -1,0 +1,235 @@
+"""`Telemetry`: the real `Reporter`, the run's metrics, energy meters and step history.
+
+    trainer = Trainer(config)           # builds Telemetry(config.telemetry) unless it is disabled
+    telemetry = trainer.telemetry       # or: Trainer(config, reporter=Telemetry(...)) to inject
+    telemetry.serve("127.0.0.1", 9400)              # optional: /metrics on its own
+    body, content_type = telemetry.exposition()     # or render it for the control plane
+    telemetry.history.records_since(step, limit)    # recent step records
+    telemetry.history.subscribe(callback)           # live step records
+
+At every step record (before any other record sink, so the JSONL file sees them) telemetry
+adds to `record.extra`: compute_seconds {phase}, idle_seconds {cause}, device_busy_ratio, the
+latest runtime gauges reported through the Reporter (staleness, queue, tiers, policy version)
+and energy_joules {source}.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from asteria_core.telemetry.energy import (
+    DeviceSnapshot,
+    EnergyMonitor,
+    Meter,
+    ModelMeter,
+    RaplMeter,
+)
+from asteria_core.telemetry.exporter import CONTENT_TYPE, MetricsExporter
+from asteria_core.telemetry.history import StepHistory
+from asteria_core.telemetry.idle import WaitLedger, breakdown
+from asteria_core.telemetry.nvml import NvmlMeter
+from asteria_core.telemetry.reporter import TIERS, WAIT_CAUSES, check_label
+from asteria_core.train.config import TelemetryConfig
+from asteria_core.train.records import StepRecord
+
+if TYPE_CHECKING:
+    from asteria_core.train.timing import PhaseTimer
+    from asteria_core.train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CONTENT_TYPE", "Telemetry", "build_meters"]
+
+
+def build_meters(config: TelemetryConfig, *, nvml_lib: Any = None) -> list[Meter]:
+    """The meters the config asks for; `nvml_lib` replaces pynvml (the seam for a fake)."""
+    meters: list[Meter] = []
+    if config.nvml:
+        meters.append(NvmlMeter(nvml_lib))
+    if config.rapl:
+        meters.append(RaplMeter(config.rapl_root))
+    if config.model_cpu_watts > 0:
+        meters.append(ModelMeter(config.model_cpu_watts))
+    return meters
+
+
+def device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    return device.type
+
+
+class Telemetry:
+    """Implements `RunReporter`; one instance per run, with its own metric registry."""
+
+    def __init__(self, config: TelemetryConfig | None = None, *, nvml_lib: Any = None,
+                 meters: Sequence[Meter] | None = None) -> None:
+        self.config = config or TelemetryConfig()
+        self.history = StepHistory(self.config.history_size)
+        self._exporter = MetricsExporter(self._device_snapshot)
+        self._ledger = WaitLedger()
+        self._timer: PhaseTimer | None = None
+        self._device = "cpu"
+        self._busy: dict[str, float] = {}
+        self._tokens = 0
+        self._latest: dict[str, float] = {}
+        self._tier_bytes: dict[str, int] = {}
+        self._target: dict[str, float] = {}
+        self._stop_server = None
+        self._closed = False
+        if meters is None:
+            meters = build_meters(self.config, nvml_lib=nvml_lib)
+        self.energy = EnergyMonitor(meters, min_interval=self.config.energy_poll_seconds)
+        self.run_id = ""
+
+    # ----------------------------------------------------------------------- wiring
+    def attach(self, trainer: Trainer) -> None:
+        """Bind to a trainer: its step timer, its run identity and its record sinks."""
+        if self._timer is not None:
+            raise ValueError("this Telemetry is already attached to a trainer")
+        self._timer = trainer.timer
+        self._device = device_label(trainer.device)
+        self.run_id = trainer.run_id
+        self.set_run_info(trainer.run_id, trainer.config.optim.name, "native")
+        trainer.record_sinks.insert(0, self._on_record)
+
+    def set_run_info(self, run_id: str, optimizer: str, mode: str) -> None:
+        """The single series that carries the run id (and optimizer and refresh mode)."""
+        self._exporter.set_run_info(run_id, optimizer, mode)
+
+    # ----------------------------------------------------------------------- Reporter
+    @contextmanager
+    def wait(self, cause: str) -> Iterator[None]:
+        check_label("cause", cause, WAIT_CAUSES)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._add_wait(cause, time.perf_counter() - t0)
+
+    def add_wait(self, cause: str, seconds: float) -> None:
+        check_label("cause", cause, WAIT_CAUSES)
+        self._add_wait(cause, seconds)
+
+    def _add_wait(self, cause: str, seconds: float) -> None:
+        timer = self._timer
+        in_step = timer is not None and timer.in_step
+        phase = timer.current_phase if in_step else None
+        self._ledger.add(cause, seconds, in_step=in_step, phase=phase)
+
+    def refresh_done(self, seconds: float, *, ok: bool = True) -> None:
+        self._exporter.refresh_seconds.observe(seconds)
+        if not ok:
+            self._exporter.refresh_failures.inc()
+
+    def inline_fallback(self) -> None:
+        self._exporter.inline_fallbacks.inc()
+
+    def set_refresh_queue(self, depth: int, *, busy_ratio: float | None = None) -> None:
+        self._latest["refresh_queue_depth"] = depth
+        if busy_ratio is not None:
+            self._latest["refresh_workers_busy_ratio"] = busy_ratio
+
+    def set_staleness(self, steps: Sequence[int]) -> None:
+        for s in steps:
+            self._exporter.staleness.observe(s)
+        if steps:
+            self._latest["staleness_max_steps"] = max(steps)
+
+    def set_tier_bytes(self, tier: str, used: int, capacity: int) -> None:
+        check_label("tier", tier, TIERS)
+        self._exporter.tier_bytes.labels(tier).set(used)
+        self._exporter.tier_capacity.labels(tier).set(capacity)
+        self._tier_bytes[tier] = used
+
+    def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
+        check_label("src", src, TIERS)
+        check_label("dst", dst, TIERS)
+        self._exporter.transfer.labels(src, dst).inc(nbytes)
+
+    def set_policy_version(self, version: int) -> None:
+        self._latest["policy_version"] = version
+
+    # ----------------------------------------------------------------------- per step
+    def _on_record(self, record: StepRecord) -> None:
+        compute, idle = breakdown(record.phase_seconds, record.step_seconds,
+                                  self._ledger.take_step())
+        wall = record.step_seconds
+        busy = sum(compute.values()) / wall if wall > 0 else 0.0
+        self._busy[self._device] = busy
+        self._tokens += record.tokens
+        self._exporter.observe_step(tokens=record.tokens, loss=record.loss,
+                                    eval_loss=record.eval_loss, wall=wall, compute=compute,
+                                    idle=idle)
+        self._exporter.add_idle(self._ledger.take_outside())
+        self.energy.poll()
+        if record.eval_loss is not None:
+            self._check_target(record)
+        record.extra.update(self._latest)
+        if self._tier_bytes:
+            record.extra["tier_bytes"] = dict(self._tier_bytes)
+        record.extra["compute_seconds"] = compute
+        record.extra["idle_seconds"] = idle
+        record.extra["device_busy_ratio"] = busy
+        joules = self.energy.joules_by_source()
+        if joules:
+            record.extra["energy_joules"] = joules
+        self.history.append(record)
+
+    def _check_target(self, record: StepRecord) -> None:
+        target = self.config.target_loss
+        if target <= 0 or self._target or record.eval_loss > target:
+            return
+        self.energy.poll(force=True)
+        self._target = self.energy.joules_by_source()
+        record.extra["energy_to_target_joules"] = dict(self._target)
+        log.info("eval loss %.4f reached the target %.4f at step %d; energy so far: %s",
+                 record.eval_loss, target, record.step,
+                 ", ".join(f"{v:.1f} J ({k})" for k, v in self._target.items()) or "unmeasured")
+
+    def _device_snapshot(self) -> DeviceSnapshot:
+        self.energy.poll()
+        joules = self.energy.joules_by_source()
+        tokens = self._tokens
+        return DeviceSnapshot(
+            readings=self.energy.readings(),
+            available=self.energy.availability(),
+            busy_timing=dict(self._busy),
+            joules_per_token={s: j / tokens for s, j in joules.items()} if tokens else {},
+            energy_to_target=dict(self._target),
+            target_loss=self.config.target_loss if self.config.target_loss > 0 else None,
+            runtime=dict(self._latest),
+        )
+
+    # ----------------------------------------------------------------------- export
+    @property
+    def registry(self):
+        """The private prometheus_client registry (for `make_asgi_app(registry=...)`)."""
+        return self._exporter.registry
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition of this run, and its content type."""
+        return self._exporter.exposition(), CONTENT_TYPE
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Serve /metrics over HTTP on a daemon thread; returns the bound port."""
+        if self._stop_server is not None:
+            raise ValueError("this Telemetry already serves /metrics")
+        self._stop_server, bound = self._exporter.serve(host, port)
+        return bound
+
+    def close(self) -> None:
+        """Stop serving and release the meters; the metrics stay readable. Idempotent."""
+        if self._stop_server is not None:
+            self._stop_server()
+            self._stop_server = None
+        if not self._closed:
+            self._closed = True
+            self.energy.poll(force=True)
+            self.energy.close()

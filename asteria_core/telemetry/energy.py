@@ -1,0 +1,238 @@
+"""Energy meters: RAPL (CPU packages), a modelled CPU estimate, and the monitor that polls them.
+
+Every meter reports cumulative joules since it started, per device, and present power where it
+can. A meter that cannot measure says so (`available`, `reason`) and reports nothing: an absent
+source gives absent series, never zeros. NVML lives in nvml.py.
+
+RAPL: /sys/class/powercap/intel-rapl:N (package-N) and its dram sub-zone, read from
+energy_uj. The counter wraps at max_energy_range_uj, so a reading below the previous one means
+one wrap (polls must come more often than one wrap period, minutes even at full load). Since
+Linux 5.10, energy_uj is readable by root only; a non-root process gets no RAPL series.
+
+Model: process CPU seconds x a configured number of watts per busy core. It is an estimate, and
+is only ever exported with source="model".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("nvml", "rapl", "model")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one meter knows about one device; None means not measurable (no series)."""
+
+    device: str
+    source: str
+    joules: float | None = None
+    """Energy since the meter started."""
+    watts: float | None = None
+    busy_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+
+
+class Meter(Protocol):
+    source: str
+    available: bool
+    """True when the meter measures energy of at least one device."""
+    reason: str
+    """Why it is not available ('' when it is)."""
+
+    def read(self) -> list[Reading]: ...
+
+    def close(self) -> None: ...
+
+
+class _Rate:
+    """Watts from successive cumulative-joule readings."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+
+    def __call__(self, joules: float, now: float) -> float | None:
+        last, self._last = self._last, (now, joules)
+        if last is None or now <= last[0]:
+            return None
+        return (joules - last[1]) / (now - last[0])
+
+
+class ModelMeter:
+    """Estimate: process CPU seconds since start x `watts` (per fully busy core)."""
+
+    source = "model"
+    available = True
+    reason = ""
+
+    def __init__(self, watts: float) -> None:
+        if not watts > 0:
+            raise ValueError(f"watts: got {watts!r}; allowed: a number > 0")
+        self.watts = watts
+        self._start = time.process_time()
+        self._rate = _Rate()
+
+    def read(self) -> list[Reading]:
+        joules = (time.process_time() - self._start) * self.watts
+        watts = self._rate(joules, time.perf_counter())
+        return [Reading("cpu", self.source, joules=joules, watts=watts)]
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Zone:
+    device: str
+    path: Path
+    max_range_uj: int
+    last_uj: int
+    total_uj: int = 0
+
+
+_PACKAGE = re.compile(r"intel-rapl:(\d+)$")
+_SUBZONE = re.compile(r"intel-rapl:(\d+):\d+$")
+
+
+class RaplMeter:
+    """CPU package (and DRAM) energy from the powercap sysfs tree under `root`."""
+
+    source = "rapl"
+
+    def __init__(self, root: str | Path = "/sys/class/powercap") -> None:
+        self.root = Path(root)
+        self.zones: list[_Zone] = []
+        self.reason = ""
+        self._rates: dict[str, _Rate] = {}
+        try:
+            self.zones = self._discover()
+        except PermissionError as err:
+            self.reason = f"RAPL energy_uj is readable by root only ({err})"
+        except OSError as err:
+            self.reason = f"RAPL under {self.root} is not readable: {err}"
+        if not self.zones and not self.reason:
+            self.reason = f"no RAPL package zones under {self.root}"
+        self.available = bool(self.zones)
+
+    def _discover(self) -> list[_Zone]:
+        if not self.root.is_dir():
+            return []
+        names = {}
+        for path in sorted(self.root.glob("intel-rapl:*")):
+            names[path.name] = (path / "name").read_text().strip()
+        zones = []
+        for zone, name in names.items():
+            if (m := _PACKAGE.match(zone)) and name.startswith("package"):
+                device = name
+            elif (m := _SUBZONE.match(zone)) and name == "dram":
+                device = names.get(f"intel-rapl:{m.group(1)}", f"package-{m.group(1)}") + "-dram"
+            else:
+                continue  # core/uncore lie inside the package figure; psys overlaps it
+            path = self.root / zone
+            max_range = int((path / "max_energy_range_uj").read_text())
+            # PermissionError here (non-root, Linux >= 5.10) makes the whole source unavailable.
+            zones.append(_Zone(device, path, max_range, int((path / "energy_uj").read_text())))
+        return zones
+
+    def read(self) -> list[Reading]:
+        now, out = time.perf_counter(), []
+        for zone in list(self.zones):
+            try:
+                value = int((zone.path / "energy_uj").read_text())
+            except (OSError, ValueError) as err:
+                log.warning("RAPL zone %s stopped reading (%s); its series is dropped",
+                            zone.device, err)
+                self.zones.remove(zone)
+                continue
+            delta = value - zone.last_uj
+            if delta < 0:  # the counter wrapped past max_energy_range_uj
+                delta += zone.max_range_uj
+            zone.total_uj += delta
+            zone.last_uj = value
+            joules = zone.total_uj / 1e6
+            watts = self._rates.setdefault(zone.device, _Rate())(joules, now)
+            out.append(Reading(zone.device, self.source, joules=joules, watts=watts))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class EnergyMonitor:
+    """Polls meters (at most every `min_interval` s unless forced); thread-safe."""
+
+    def __init__(self, meters: Sequence[Meter], *, min_interval: float = 1.0) -> None:
+        self.meters = list(meters)
+        self.min_interval = min_interval
+        self._lock = threading.Lock()
+        self._last_poll = float("-inf")
+        self._readings: list[Reading] = []
+        self._closed = False
+        for meter in self.meters:
+            if not meter.available:
+                log.info("energy source %s unavailable: %s; no %s series", meter.source,
+                         meter.reason, meter.source)
+        self.poll(force=True)  # the baseline reading
+
+    def availability(self) -> dict[str, bool]:
+        """Every known source, with whether it measures energy here."""
+        out = dict.fromkeys(SOURCES, False)
+        for meter in self.meters:
+            out[meter.source] = out[meter.source] or meter.available
+        return out
+
+    def poll(self, *, force: bool = False) -> bool:
+        """Read every meter if the interval has passed (or `force`); True when it did."""
+        with self._lock:
+            now = time.perf_counter()
+            if self._closed or (not force and now - self._last_poll < self.min_interval):
+                return False
+            self._last_poll = now
+            self._readings = [r for meter in self.meters for r in meter.read()]
+            return True
+
+    def readings(self) -> list[Reading]:
+        with self._lock:
+            return list(self._readings)
+
+    def joules_by_source(self) -> dict[str, float]:
+        """Energy since start per source, summed over devices; measured sources only."""
+        out: dict[str, float] = {}
+        for r in self.readings():
+            if r.joules is not None:
+                out[r.source] = out.get(r.source, 0.0) + r.joules
+        return out
+
+    def close(self) -> None:
+        """Release the meters; the last readings stay (a final scrape still sees them)."""
+        with self._lock:
+            self._closed = True
+            for meter in self.meters:
+                meter.close()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSnapshot:
+    """Device and energy figures at one scrape, as the exporter renders them."""
+
+    readings: list[Reading]
+    available: dict[str, bool]
+    """Per energy source: does it measure energy here."""
+    busy_timing: dict[str, float]
+    """Per device: compute share of the last step's wall time, from the step timer."""
+    joules_per_token: dict[str, float]
+    energy_to_target: dict[str, float]
+    """Per source: joules used until eval loss first reached the target; empty until then."""
+    target_loss: float | None
+    runtime: dict[str, float]
+    """Latest runtime gauges reported through the Reporter (staleness, queue, policy)."""

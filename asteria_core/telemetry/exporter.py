@@ -1,0 +1,178 @@
+"""Prometheus exposition: the only module of the runtime that imports prometheus_client.
+
+Every metric lives in a private `CollectorRegistry`, so several runs (or tests) in one process
+never collide. Figures that flow per event (steps, waits, refreshes, transfers) are ordinary
+counters, gauges and histograms; device and energy figures come from a collector that reads the
+energy monitor at scrape time. The full contract is docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, start_http_server
+from prometheus_client.registry import Collector
+
+from asteria_core.telemetry.energy import DeviceSnapshot
+from asteria_core.telemetry.reporter import IDLE_CAUSES
+from asteria_core.train.timing import PHASES
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+STEP_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
+REFRESH_BUCKETS = (.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+
+# Gauges of the runtime, absent until a part first reports them (no made-up zeros); the keys
+# are those of `DeviceSnapshot.runtime` and of the step record's extra.
+RUNTIME_GAUGES = {
+    "staleness_max_steps": ("asteria_preconditioner_staleness_max_steps",
+                            "Largest staleness over preconditioner blocks at the last step."),
+    "refresh_queue_depth": ("asteria_refresh_queue_depth", "Refreshes queued or running."),
+    "refresh_workers_busy_ratio": ("asteria_refresh_workers_busy_ratio",
+                                   "Share of refresh worker time spent refreshing."),
+    "policy_version": ("asteria_policy_version", "Version of the live policy in force."),
+}
+
+
+class _DeviceCollector(Collector):
+    """Busy ratio, energy, power, GPU memory and energy availability, read at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], DeviceSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        busy = GaugeMetricFamily(
+            "asteria_device_busy_ratio", "Share of time the device computed: source=timing is "
+            "compute/wall of the last step, source=nvml the driver's kernel-active share.",
+            labels=["device", "source"])
+        for device, ratio in snap.busy_timing.items():
+            busy.add_metric([device, "timing"], ratio)
+        energy = CounterMetricFamily(
+            "asteria_energy_joules", "Energy used since telemetry started; source=model is an "
+            "estimate (CPU seconds x configured watts), nvml and rapl are measured.",
+            labels=["device", "source"])
+        power = GaugeMetricFamily("asteria_power_watts", "Present power draw; source=model is "
+                                  "an estimate.", labels=["device", "source"])
+        mem_used = GaugeMetricFamily("asteria_gpu_memory_used_bytes", "GPU memory in use "
+                                     "(NVML, whole device).", labels=["device"])
+        mem_total = GaugeMetricFamily("asteria_gpu_memory_capacity_bytes", "GPU memory size "
+                                      "(NVML).", labels=["device"])
+        for r in snap.readings:
+            if r.joules is not None:
+                energy.add_metric([r.device, r.source], r.joules)
+            if r.watts is not None:
+                power.add_metric([r.device, r.source], r.watts)
+            if r.busy_ratio is not None:
+                busy.add_metric([r.device, r.source], r.busy_ratio)
+            if r.memory_used_bytes is not None:
+                mem_used.add_metric([r.device], r.memory_used_bytes)
+                mem_total.add_metric([r.device], r.memory_total_bytes)
+        available = GaugeMetricFamily("asteria_energy_source_available", "1 when the energy "
+                                      "source measures here, 0 when it does not (then it has "
+                                      "no series).", labels=["source"])
+        for source, ok in snap.available.items():
+            available.add_metric([source], 1.0 if ok else 0.0)
+        per_token = GaugeMetricFamily("asteria_joules_per_token", "Energy since start divided "
+                                      "by tokens trained since start.", labels=["source"])
+        for source, value in snap.joules_per_token.items():
+            per_token.add_metric([source], value)
+        to_target = GaugeMetricFamily("asteria_energy_to_target_joules", "Energy used until "
+                                      "eval loss first reached the target; set once.",
+                                      labels=["source"])
+        for source, value in snap.energy_to_target.items():
+            to_target.add_metric([source], value)
+        yield from (busy, energy, power, mem_used, mem_total, available, per_token, to_target)
+        for key, (name, doc) in RUNTIME_GAUGES.items():
+            gauge = GaugeMetricFamily(name, doc)
+            if key in snap.runtime:
+                gauge.add_metric([], snap.runtime[key])
+            yield gauge
+        if snap.target_loss is not None:
+            yield GaugeMetricFamily("asteria_target_eval_loss", "The configured target eval "
+                                    "loss for energy-to-target.", value=snap.target_loss)
+
+
+class MetricsExporter:
+    """The run's metrics; methods are called by `Telemetry`, never by the training loop."""
+
+    def __init__(self, snapshot: Callable[[], DeviceSnapshot]) -> None:
+        r = self.registry = CollectorRegistry()
+        self.steps = Counter("asteria_steps", "Optimizer steps done.", registry=r)
+        self.tokens = Counter("asteria_tokens", "Tokens trained on.", registry=r)
+        self.train_loss = Gauge("asteria_train_loss", "Loss of the last step's batch.",
+                                registry=r)
+        self.eval_loss = Gauge("asteria_eval_loss", "Last validation loss.", registry=r)
+        self.step_seconds = Histogram("asteria_step_seconds", "Wall time of a step.",
+                                      buckets=STEP_BUCKETS, registry=r)
+        phase = self._phase_metric = Counter(
+            "asteria_step_phase_seconds", "Compute time per step phase, waits excluded; with "
+            "the idle causes it sums to the step time.", ["phase"], registry=r)
+        self.phase = {p: phase.labels(p) for p in PHASES}
+        idle = Counter("asteria_device_idle_seconds", "Time the step waited, by cause; other "
+                       "is the step time no phase or reported wait explains.", ["cause"],
+                       registry=r)
+        self.idle = {c: idle.labels(c) for c in IDLE_CAUSES}
+        self.tier_bytes = Gauge("asteria_tier_bytes", "Optimizer-state bytes held in a tier.",
+                                ["tier"], registry=r)
+        self.tier_capacity = Gauge("asteria_tier_capacity_bytes", "Byte budget of a tier.",
+                                   ["tier"], registry=r)
+        self.transfer = Counter("asteria_tier_transfer_bytes", "Bytes moved between tiers.",
+                                ["src", "dst"], registry=r)
+        self.staleness = Histogram("asteria_preconditioner_staleness_steps", "Staleness of "
+                                   "each preconditioner block in use, observed every step.",
+                                   buckets=STALENESS_BUCKETS, registry=r)
+        self.refresh_seconds = Histogram("asteria_refresh_seconds", "Time of one "
+                                         "preconditioner refresh.", buckets=REFRESH_BUCKETS,
+                                         registry=r)
+        self.refresh_failures = Counter("asteria_refresh_failures", "Refreshes that failed "
+                                        "(the previous basis was kept).", registry=r)
+        self.inline_fallbacks = Counter("asteria_refresh_inline_fallbacks", "Refreshes meant "
+                                        "for a worker that ran on the training thread.",
+                                        registry=r)
+        self.run_info = Gauge("asteria_run_info", "Always 1; the run's identity as labels.",
+                              ["run_id", "optimizer", "mode"], registry=r)
+        self._run_labels: tuple[str, str, str] | None = None
+        r.register(_DeviceCollector(snapshot))
+
+    def set_run_info(self, run_id: str, optimizer: str, mode: str) -> None:
+        if self._run_labels is not None:
+            self.run_info.remove(*self._run_labels)
+        self._run_labels = (run_id, optimizer, mode)
+        self.run_info.labels(*self._run_labels).set(1)
+
+    def observe_step(self, *, tokens: int, loss: float, eval_loss: float | None, wall: float,
+                     compute: dict[str, float], idle: dict[str, float]) -> None:
+        self.steps.inc()
+        self.tokens.inc(tokens)
+        self.train_loss.set(loss)
+        if eval_loss is not None:
+            self.eval_loss.set(eval_loss)
+        self.step_seconds.observe(wall)
+        for phase, seconds in compute.items():
+            child = self.phase.get(phase)
+            if child is None:  # a phase name added to the timer later; still a bounded set
+                child = self.phase[phase] = self._phase_metric.labels(phase)
+            child.inc(seconds)
+        self.add_idle(idle)
+
+    def add_idle(self, idle: dict[str, float]) -> None:
+        for cause, seconds in idle.items():
+            if seconds > 0:
+                self.idle[cause].inc(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, host: str, port: int) -> tuple[Callable[[], None], int]:
+        """Serve /metrics on a daemon thread; returns (stop, bound port)."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+
+        return stop, server.server_address[1]

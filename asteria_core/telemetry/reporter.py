@@ -1,0 +1,133 @@
+"""The one interface through which the runtime reports figures.
+
+The training loop, the refresh engine, the tier store and distributed code receive a `Reporter`
+and call its methods; they never import prometheus_client. `Telemetry` (core.py) is the real
+implementation; `NullReporter` does nothing and is what a trainer gets when telemetry is off.
+Labels are bounded: a cause, a tier or a transfer endpoint outside the sets below is a
+programming error and raises `ValueError`.
+
+Waits are the heart of idle attribution. A part that blocks the training thread wraps the
+blocking call in `reporter.wait(cause)`; that time is subtracted from the compute time of the
+phase it happened in and counted as idle time of that cause. `add_wait` is the same for a wait
+measured some other way (e.g. between CUDA events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from asteria_core.train.config import TelemetryConfig
+    from asteria_core.train.trainer import Trainer
+
+WAIT_CAUSES = ("refresh_wait", "transfer_wait", "sync_wait", "data_wait")
+"""Causes a part may report; `other` (the unexplained rest of a step) is derived, never reported."""
+IDLE_CAUSES = (*WAIT_CAUSES, "other")
+TIERS = ("device", "host", "disk")
+
+
+def check_label(kind: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{kind}: got {value!r}; allowed: {' | '.join(allowed)}")
+
+
+class Reporter(Protocol):
+    """What parts of the runtime call. Every method is cheap and thread-safe."""
+
+    def wait(self, cause: str) -> AbstractContextManager[None]:
+        """Time a block in which the training thread waits, for a cause in WAIT_CAUSES."""
+        ...
+
+    def add_wait(self, cause: str, seconds: float) -> None:
+        """Report a wait of the training thread measured by the caller."""
+        ...
+
+    def refresh_done(self, seconds: float, *, ok: bool = True) -> None:
+        """One preconditioner refresh finished (ok) or failed (not ok) after `seconds`."""
+        ...
+
+    def inline_fallback(self) -> None:
+        """A refresh meant for a worker ran on the training thread instead."""
+        ...
+
+    def set_refresh_queue(self, depth: int, *, busy_ratio: float | None = None) -> None:
+        """Refreshes queued or running, and optionally the share of worker time busy (0-1)."""
+        ...
+
+    def set_staleness(self, steps: Sequence[int]) -> None:
+        """Staleness in steps of every preconditioner block in use at this step boundary."""
+        ...
+
+    def set_tier_bytes(self, tier: str, used: int, capacity: int) -> None:
+        """Bytes of optimizer state held in a tier, and the tier's budget."""
+        ...
+
+    def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
+        """Bytes moved from one tier to another."""
+        ...
+
+    def set_policy_version(self, version: int) -> None:
+        """The version of the live policy now in force."""
+        ...
+
+
+class RunReporter(Reporter, Protocol):
+    """A reporter the trainer binds itself to (its step timer, run id and record sinks)."""
+
+    def attach(self, trainer: Trainer) -> None: ...
+
+    def close(self) -> None:
+        """The run is over: release meters and servers (idempotent)."""
+        ...
+
+
+def make_reporter(config: TelemetryConfig) -> RunReporter:
+    """`Telemetry` when the config enables it, else a `NullReporter`."""
+    if not config.enabled:
+        return NullReporter()
+    # Imported here so that importing the training loop never loads prometheus_client.
+    from asteria_core.telemetry.core import Telemetry
+
+    return Telemetry(config)
+
+
+_NO_WAIT = nullcontext()
+
+
+class NullReporter:
+    """Accepts every report and keeps nothing: telemetry off."""
+
+    def wait(self, cause: str) -> AbstractContextManager[None]:
+        return _NO_WAIT
+
+    def add_wait(self, cause: str, seconds: float) -> None:
+        pass
+
+    def refresh_done(self, seconds: float, *, ok: bool = True) -> None:
+        pass
+
+    def inline_fallback(self) -> None:
+        pass
+
+    def set_refresh_queue(self, depth: int, *, busy_ratio: float | None = None) -> None:
+        pass
+
+    def set_staleness(self, steps: Sequence[int]) -> None:
+        pass
+
+    def set_tier_bytes(self, tier: str, used: int, capacity: int) -> None:
+        pass
+
+    def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
+        pass
+
+    def set_policy_version(self, version: int) -> None:
+        pass
+
+    def attach(self, trainer: Trainer) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
