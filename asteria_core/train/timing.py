@@ -24,11 +24,16 @@ class PhaseTimer:
         self._host: dict[str, float] = {}
         self._events: dict[str, tuple[torch.cuda.Event, torch.cuda.Event]] = {}
         self._step_start = 0.0
+        self.in_step = False
+        """True between `start_step` and `finish` (telemetry attributes waits by it)."""
+        self.current_phase: str | None = None
+        """The phase in progress, None between phases."""
 
     def start_step(self) -> None:
         self._host = {}
         self._events = {}
         self._step_start = time.perf_counter()
+        self.in_step = True
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -36,9 +41,11 @@ class PhaseTimer:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
+        self.current_phase = name
         try:
             yield
         finally:
+            self.current_phase = None
             self._host[name] = self._host.get(name, 0.0) + time.perf_counter() - t0
             if self.cuda:
                 end.record()
@@ -53,4 +60,5 @@ class PhaseTimer:
         else:
             phases = dict(self._host)
         wall = time.perf_counter() - self._step_start
+        self.in_step = False
         return {name: phases.get(name, 0.0) for name in PHASES}, wall

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
@@ -71,7 +72,7 @@ class Trainer:
     """Builds a run from a `RunConfig` (or resumes one from its checkpoint) and trains it."""
 
     def __init__(self, config: RunConfig, *, run_id: str | None = None,
-                 jsonl: bool = True) -> None:
+                 jsonl: bool = True, reporter: RunReporter | None = None) -> None:
         resume = ckpt.load(config.train.resume) if config.train.resume else None
         if resume is not None:
             # The architecture comes from the checkpoint; the schedule and paths from `config`.
@@ -100,6 +101,12 @@ class Trainer:
         self.step = 0
         self.record_sinks: list[RecordSink] = []
         self.boundary_hooks: list[BoundaryHook] = []
+        # Parts that wait or report (refresh, tiers, distributed) get `self.reporter`;
+        # `self.telemetry` is the same object when it exports metrics, None when telemetry is off.
+        self.reporter: RunReporter = (reporter if reporter is not None
+                                      else make_reporter(config.telemetry))
+        self.telemetry = None if isinstance(self.reporter, NullReporter) else self.reporter
+        self.reporter.attach(self)
         # Run between steps, outside any step's timing: commands such as pause or checkpoint.
         self.between_steps_hooks: list[BoundaryHook] = []
         self.checkpoint_sinks: list[CheckpointSink] = []
@@ -141,7 +148,8 @@ class Trainer:
         self.step = int(state["step"])
 
     def close(self) -> None:
-        """Release files held by the run; the trainer can not train after this."""
+        """Release files and meters held by the run; the trainer can not train after this."""
+        self.reporter.close()
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
@@ -172,7 +180,8 @@ class Trainer:
         timer.start_step()
         lr = self.scheduler.get_last_lr()[0]
         with timer.phase("data"):
-            x, y = self.loader.next_batch()
+            with self.reporter.wait("data_wait"):
+                x, y = self.loader.next_batch()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with timer.phase("forward"), self._autocast():
             _, loss = self.model(x, y)
