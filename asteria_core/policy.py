@@ -68,8 +68,8 @@ class Policy:
         _int_range("worker_threads", self.worker_threads, 1, 256)
         _choice("priority", self.priority, PRIORITIES)
         _int_range("failure_limit", self.failure_limit, 1, 1_000_000)
-        _int_range("device_budget_bytes", self.device_budget_bytes, 0, 2**62)
-        _int_range("host_budget_bytes", self.host_budget_bytes, 0, 2**62)
+        _int_range("device_budget_bytes", self.device_budget_bytes, 0, 2**53)
+        _int_range("host_budget_bytes", self.host_budget_bytes, 0, 2**53)
         if not isinstance(self.disk_dir, str):
             raise PolicyError("disk_dir", f"got {self.disk_dir!r}; allowed: a path (string)")
         _choice("offload_mode", self.offload_mode, OFFLOAD_MODES)

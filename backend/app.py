@@ -10,10 +10,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, status
+from fastapi import FastAPI, Request, Response, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from asteria_core.policy import PolicyError
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
@@ -36,7 +39,23 @@ def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
 
 
+def _allowed_methods(app: FastAPI, scope: dict) -> list[str]:
+    """Every method any route serves at this path (Starlette lists only the first route's)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if route.matches(scope)[0] != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            allow = ", ".join(_allowed_methods(app, request.scope))
+            err = StarletteHTTPException(405, err.detail, headers={"Allow": allow})
+        return await http_exception_handler(request, err)
+
     @app.exception_handler(RunNotFound)
     def not_found(_: Request, err: RunNotFound) -> JSONResponse:
         return JSONResponse({"detail": f"no run {err.args[0]!r}"}, status.HTTP_404_NOT_FOUND)

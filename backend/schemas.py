@@ -9,6 +9,25 @@ from pydantic import BaseModel, ConfigDict, Field
 RunStatus = Literal["running", "paused", "finished", "stopped", "failed", "interrupted"]
 
 
+class PolicyUpdate(BaseModel):
+    """A partial policy: only the fields to change. Unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_interval: int | None = Field(default=None, ge=1, le=1_000_000)
+    staleness_bound: int | None = Field(default=None, ge=0, le=1_000_000)
+    swap_delay: int | None = Field(default=None, ge=0, le=1_000_000)
+    swap_mode: Literal["deterministic", "opportunistic"] | None = None
+    workers: int | None = Field(default=None, ge=0, le=256)
+    worker_threads: int | None = Field(default=None, ge=1, le=256)
+    priority: Literal["stale_then_cost", "fifo"] | None = None
+    failure_limit: int | None = Field(default=None, ge=1, le=1_000_000)
+    device_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)
+    host_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)
+    disk_dir: str | None = Field(default=None, max_length=4096)
+    offload_mode: Literal["none", "host", "disk", "auto"] | None = None
+
+
 class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -16,8 +35,8 @@ class RunCreate(BaseModel):
         default_factory=dict,
         description="Config sections (model, optim, data, train) as in a config file; "
                     "omitted keys take their defaults.")
-    policy: dict[str, Any] = Field(default_factory=dict,
-                                   description="Initial policy fields; omitted take defaults.")
+    policy: PolicyUpdate = Field(default_factory=PolicyUpdate,
+                                 description="Initial policy fields; omitted take defaults.")
 
 
 class RunPublic(BaseModel):
@@ -38,25 +57,6 @@ class CommandAccepted(BaseModel):
     run: RunPublic
     command: str
     detail: str
-
-
-class PolicyUpdate(BaseModel):
-    """A partial policy: only the fields to change. Unknown fields are rejected."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    refresh_interval: int | None = Field(default=None, ge=1, le=1_000_000)
-    staleness_bound: int | None = Field(default=None, ge=0, le=1_000_000)
-    swap_delay: int | None = Field(default=None, ge=0, le=1_000_000)
-    swap_mode: Literal["deterministic", "opportunistic"] | None = None
-    workers: int | None = Field(default=None, ge=0, le=256)
-    worker_threads: int | None = Field(default=None, ge=1, le=256)
-    priority: Literal["stale_then_cost", "fifo"] | None = None
-    failure_limit: int | None = Field(default=None, ge=1, le=1_000_000)
-    device_budget_bytes: int | None = Field(default=None, ge=0, le=2**62)
-    host_budget_bytes: int | None = Field(default=None, ge=0, le=2**62)
-    disk_dir: str | None = Field(default=None, max_length=4096)
-    offload_mode: Literal["none", "host", "disk", "auto"] | None = None
 
 
 class PolicyChangePublic(BaseModel):

@@ -107,8 +107,9 @@ class RunStore:
                   (status, error, time.time(), run_id), urgent=True)
 
     def set_checkpoint(self, run_id: str, step: int) -> None:
+        # Flushed at once, with the steps before it: the store must not lag the checkpoint file.
         self._put("UPDATE runs SET checkpoint_step=?, updated_at=? WHERE id=?",
-                  (step, time.time(), run_id))
+                  (step, time.time(), run_id), urgent=True)
 
     def add_step(self, run_id: str, record: dict[str, Any]) -> None:
         self._put("INSERT OR REPLACE INTO steps (run_id, step, record) VALUES (?, ?, ?)",

@@ -27,7 +27,7 @@ RunId = Annotated[str, Depends(existing_run)]
 
 @router.get("/runs/{run_id}/steps", responses={404: {"description": "no such run"}})
 def get_steps(run_id: RunId, manager: Manager,
-              since: Annotated[int, Query(ge=0, le=2**62)] = 0,
+              since: Annotated[int, Query(ge=0, le=2**53)] = 0,
               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> StepPage:
     steps = manager.store.steps(run_id, since, limit)
     return StepPage(run_id=run_id, steps=steps, next_since=steps[-1]["step"] if steps else since)

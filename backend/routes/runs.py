@@ -23,7 +23,7 @@ COMMAND_DETAIL = {
                         401: {"description": "missing or wrong token"}})
 def create_run(body: RunCreate, manager: Manager, _client: Client) -> RunPublic:
     config = config_from_dict(body.config)  # ConfigError -> 422 naming the key
-    policy = Policy(**body.policy)  # PolicyError -> 422 naming the field
+    policy = Policy(**body.policy.model_dump(exclude_none=True))  # PolicyError -> 422
     return RunPublic.model_validate(manager.start(config, policy))
 
 
