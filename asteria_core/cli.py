@@ -3,6 +3,7 @@
     asteria start                         # the product on the embedded default corpus
     asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
     asteria config --config run.toml      # print the resolved config as TOML
+    asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
     asteria serve --port 8000             # the control plane, with a default run
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
@@ -72,6 +73,15 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     from asteria_core.train.trainer import Trainer
 
     trainer = Trainer(config)
+    host, port = config.telemetry.metrics_host, config.telemetry.metrics_port
+    if port and trainer.telemetry is not None:
+        try:
+            port = trainer.telemetry.serve(host, port)
+        except OSError as err:
+            trainer.close()
+            print(f"asteria: cannot serve metrics on {host}:{port}: {err}", file=sys.stderr)
+            return 1
+        print(f"asteria: metrics at http://{host}:{port}/metrics", flush=True)
     n = trainer.model_params
     print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
           f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
@@ -123,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", help="a TOML or YAML config file")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="serve Prometheus /metrics on PORT while training "
+                            "(same as --telemetry.metrics_port)")
+        p.add_argument("--metrics-host", metavar="HOST",
+                       help="address for --metrics-port, default 127.0.0.1 "
+                            "(same as --telemetry.metrics_host)")
     serve = sub.add_parser("serve", help="start the control plane (and a default run)")
     serve.add_argument("--config", help="config of the default run (TOML or YAML)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1, or ASTERIA_HOST)")
@@ -136,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args, rest = build_parser().parse_known_args(argv)
+    for flag, key in (("metrics_port", "telemetry.metrics_port"),
+                      ("metrics_host", "telemetry.metrics_host")):
+        if getattr(args, flag, None) is not None:
+            rest += [f"--{key}", str(getattr(args, flag))]
     try:
         config = resolve_config(args.config, rest)
     except ConfigError as err:

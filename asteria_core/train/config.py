@@ -229,6 +229,8 @@ class TelemetryConfig:
                "telemetry.metrics_host", self.metrics_host, "a host name or address")
         _check(_is_int(self.metrics_port) and 0 <= self.metrics_port <= 65535,
                "telemetry.metrics_port", self.metrics_port, "an integer in [0, 65535]")
+        _check(not (self.metrics_port and not self.enabled), "telemetry.metrics_port",
+               self.metrics_port, "0 while telemetry.enabled is false")
 
 
 @dataclass(kw_only=True, slots=True)
