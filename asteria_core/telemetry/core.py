@@ -80,6 +80,7 @@ class Telemetry:
         self._tokens = 0
         self._latest: dict[str, float] = {}
         self._tier_bytes: dict[str, int] = {}
+        self._losses: dict[str, float] = {}
         self._target: dict[str, float] = {}
         self._stop_server = None
         self._closed = False
@@ -164,9 +165,11 @@ class Telemetry:
         busy = sum(compute.values()) / wall if wall > 0 else 0.0
         self._busy[self._device] = busy
         self._tokens += record.tokens
-        self._exporter.observe_step(tokens=record.tokens, loss=record.loss,
-                                    eval_loss=record.eval_loss, wall=wall, compute=compute,
+        self._exporter.observe_step(tokens=record.tokens, wall=wall, compute=compute,
                                     idle=idle)
+        self._losses["train_loss"] = record.loss
+        if record.eval_loss is not None:
+            self._losses["eval_loss"] = record.eval_loss
         self._exporter.add_idle(self._ledger.take_outside())
         self.energy.poll()
         if record.eval_loss is not None:
@@ -204,7 +207,7 @@ class Telemetry:
             joules_per_token={s: j / tokens for s, j in joules.items()} if tokens else {},
             energy_to_target=dict(self._target),
             target_loss=self.config.target_loss if self.config.target_loss > 0 else None,
-            runtime=dict(self._latest),
+            runtime={**self._latest, **self._losses},
         )
 
     # ----------------------------------------------------------------------- export

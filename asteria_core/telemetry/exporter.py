@@ -27,6 +27,8 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 # Gauges of the runtime, absent until a part first reports them (no made-up zeros); the keys
 # are those of `DeviceSnapshot.runtime` and of the step record's extra.
 RUNTIME_GAUGES = {
+    "train_loss": ("asteria_train_loss", "Loss of the last step's batch."),
+    "eval_loss": ("asteria_eval_loss", "Last validation loss."),
     "staleness_max_steps": ("asteria_preconditioner_staleness_max_steps",
                             "Largest staleness over preconditioner blocks at the last step."),
     "refresh_queue_depth": ("asteria_refresh_queue_depth", "Refreshes queued or running."),
@@ -102,9 +104,6 @@ class MetricsExporter:
         r = self.registry = CollectorRegistry()
         self.steps = Counter("asteria_steps", "Optimizer steps done.", registry=r)
         self.tokens = Counter("asteria_tokens", "Tokens trained on.", registry=r)
-        self.train_loss = Gauge("asteria_train_loss", "Loss of the last step's batch.",
-                                registry=r)
-        self.eval_loss = Gauge("asteria_eval_loss", "Last validation loss.", registry=r)
         self.step_seconds = Histogram("asteria_step_seconds", "Wall time of a step.",
                                       buckets=STEP_BUCKETS, registry=r)
         phase = self._phase_metric = Counter(
@@ -143,13 +142,10 @@ class MetricsExporter:
         self._run_labels = (run_id, optimizer, mode)
         self.run_info.labels(*self._run_labels).set(1)
 
-    def observe_step(self, *, tokens: int, loss: float, eval_loss: float | None, wall: float,
-                     compute: dict[str, float], idle: dict[str, float]) -> None:
+    def observe_step(self, *, tokens: int, wall: float, compute: dict[str, float],
+                     idle: dict[str, float]) -> None:
         self.steps.inc()
         self.tokens.inc(tokens)
-        self.train_loss.set(loss)
-        if eval_loss is not None:
-            self.eval_loss.set(eval_loss)
         self.step_seconds.observe(wall)
         for phase, seconds in compute.items():
             child = self.phase.get(phase)
