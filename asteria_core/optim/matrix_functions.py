@@ -1,0 +1,95 @@
+"""Pure matrix functions behind every preconditioner refresh.
+
+Each function maps tensors to new tensors and touches no optimizer state, so a refresh can run
+inline, on a host worker or on another rank and give the same bits for the same inputs.
+
+Legend: A_bb is a symmetric positive semi-definite factor block of side b (a diagonal block of a
+Kronecker factor L or R), Q_bb an orthogonal basis whose columns are eigenvector estimates, ordered
+by descending eigenvalue (the SOAP reference's order), v_b a vector of eigenvalue estimates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# The SOAP reference adds 1e-30 * I before eigh; kept so the first basis matches it.
+_EIGH_JITTER = 1e-30
+
+
+def eigh_descending(a_bb: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (descending) and eigenvectors of a symmetric matrix, computed in `dtype`.
+
+    Mirrors the SOAP reference's `get_orthogonal_matrix`: eigh of A + 1e-30 I, retried in float64
+    when the solver fails in a narrower dtype, columns flipped so eigenvalues descend. Results are
+    returned in `dtype`. A failure in float64 propagates (torch.linalg.LinAlgError).
+    """
+    a_bb = a_bb.to(dtype)
+    eye_bb = torch.eye(a_bb.shape[0], dtype=dtype, device=a_bb.device)
+    try:
+        vals_b, vecs_bb = torch.linalg.eigh(a_bb + _EIGH_JITTER * eye_bb)
+    except torch.linalg.LinAlgError:
+        if dtype == torch.float64:
+            raise
+        vals_b, vecs_bb = torch.linalg.eigh(a_bb.double() + _EIGH_JITTER * eye_bb.double())
+        vals_b, vecs_bb = vals_b.to(dtype), vecs_bb.to(dtype)
+    return vals_b.flip(0), vecs_bb.flip(1)
+
+
+def diag_in_basis(a_bb: torch.Tensor, q_bb: torch.Tensor) -> torch.Tensor:
+    """diag(Q^T A Q): the eigenvalue estimates of A in the basis Q, shape (b,)."""
+    return torch.einsum("ij,ij->j", q_bb, a_bb @ q_bb)
+
+
+def power_qr_sorted(a_bb: torch.Tensor, q_bb: torch.Tensor,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One power iteration + QR from Q, after sorting Q's columns by descending diag(Q^T A Q).
+
+    The SOAP reference's `get_orthogonal_matrix_QR`. Returns (Q_new_bb, perm_b) where perm says
+    which old column seeded each new one: new column j started from old column perm[j]. The caller
+    re-indexes the Adam second moment with the same perm (the reference behaviour at a swap).
+    """
+    a_bb, q_bb = a_bb.to(dtype), q_bb.to(dtype)
+    est_b = torch.diag(q_bb.T @ a_bb @ q_bb)
+    perm_b = torch.argsort(est_b, descending=True)
+    q_new_bb, _ = torch.linalg.qr(a_bb @ q_bb[:, perm_b])
+    return q_new_bb, perm_b
+
+
+def power_qr(a_bb: torch.Tensor, q_bb: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One power iteration + QR from Q, without sorting (the KL-Shampoo reference's refresh)."""
+    q_new_bb, _ = torch.linalg.qr(a_bb.to(dtype) @ q_bb.to(dtype))
+    return q_new_bb
+
+
+def inverse_root(a_bb: torch.Tensor, root: float, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """(A + eps I)^(-1/root) for a symmetric PSD A, by eigendecomposition in `dtype`.
+
+    Eigenvalues are clamped at 0 before eps is added: a PSD factor can only have tiny negative
+    eigenvalues from rounding, and the clamp keeps them from turning into huge or NaN roots.
+    """
+    vals_b, vecs_bb = eigh_descending(a_bb, dtype)
+    scale_b = (vals_b.clamp_min(0.0) + eps).pow(-1.0 / root)
+    return (vecs_bb * scale_b) @ vecs_bb.T
+
+
+def overlap_transport(q_old_bb: torch.Tensor, q_new_bb: torch.Tensor) -> torch.Tensor:
+    """P[i, j] = <q_old_i, q_new_j>^2: the second-moment transport between two bases (HeavyBall).
+
+    For a diagonal second moment v in the old basis (a covariance Q_old diag(v) Q_old^T),
+    diag(Q_new^T Q_old diag(v) Q_old^T Q_new) = P^T v exactly. P is doubly stochastic, so the
+    transport keeps total mass and never produces negative entries; P = I when the bases agree
+    (up to column signs).
+    """
+    overlap_bb = q_old_bb.T @ q_new_bb.to(q_old_bb.dtype)
+    return overlap_bb.square()
+
+
+def off_diagonal_ratio(a_bb: torch.Tensor, q_bb: torch.Tensor) -> torch.Tensor:
+    """||B - diag(B)||_F / ||B||_F with B = Q^T A Q: how far Q is from diagonalising A.
+
+    Zero for an exact eigenbasis; a cheap staleness signal a runtime can log or prioritise on.
+    """
+    b_bb = q_bb.T @ a_bb @ q_bb
+    total = torch.linalg.matrix_norm(b_bb)
+    off = torch.linalg.matrix_norm(b_bb - torch.diag_embed(torch.diagonal(b_bb)))
+    return torch.where(total > 0, off / total, torch.zeros_like(total))
