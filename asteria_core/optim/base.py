@@ -1,0 +1,323 @@
+"""Shared machinery of SOAP, Shampoo and KL-Shampoo: block layout, the refresh seam, swaps.
+
+A step has two parts. The per-step math (subclasses' `_step_param`) updates factors and moments
+and applies the parameter update with the basis currently in use. The step boundary (end of
+`step`) first swaps in every pending refresh result whose swap step has come, then, in native
+mode, refreshes the blocks that fell due, through the same `snapshot` -> `refresh_fn` ->
+`apply_refresh` path a runtime uses. With `refresh_delay = d` a result computed from the
+statistics of step t is swapped in at the boundary of step t + d and first used by step t + d + 1;
+d = 0 is the references' own order. With `external_refresh = True` the boundary never refreshes:
+a runtime reads `due_blocks()` after each step and drives the seam itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asteria_core.optim.layout import Layout, make_layout, map_chunk, new_blocks, permute_dim
+from asteria_core.optim.matrix_functions import overlap_transport
+from asteria_core.optim.seam import (
+    MOMENT_SWAPS,
+    REFRESH_DTYPES,
+    BlockInfo,
+    BlockKey,
+    FactorSnapshot,
+    RefreshConfig,
+    RefreshResult,
+    is_finite,
+    refresh_fn,
+)
+
+# Per-parameter state keys shared by all three optimizers.
+STEP = "step"                # int: steps that updated this parameter (the first call does not)
+EXP_AVG = "exp_avg"          # first moment, original basis, work shape
+FACTORS = "factors"          # [dim][chunk] (b, b) factor statistics
+BASES = "bases"              # [dim][chunk] (b, b) basis in use (Shampoo: inverse root)
+VERSIONS = "basis_versions"  # [dim][chunk] int: swaps so far (0: initial identity)
+BASIS_STEPS = "basis_steps"  # [dim][chunk] int: stats step behind the basis in use (-1: none)
+EXTRA = "asteria"            # optimizer-level entry added to state_dict()
+
+
+def check_choice(name: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: got {value!r}; allowed: {' | '.join(map(str, choices))}")
+
+
+def check_range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: got {value!r}; allowed: a number in [{lo}, {hi}]")
+
+
+def check_layout_args(defaults: dict) -> None:
+    """Validate the layout and seam options every block preconditioner takes."""
+    if defaults["block_size"] is not None and defaults["block_size"] < 1:
+        raise ValueError(f"block_size: got {defaults['block_size']!r}; allowed: None or >= 1")
+    if defaults["max_precond_dim"] < 0:
+        raise ValueError(f"max_precond_dim: got {defaults['max_precond_dim']!r}; allowed: >= 0")
+    if defaults["precondition_frequency"] < 1:
+        raise ValueError(f"precondition_frequency: got {defaults['precondition_frequency']!r}; "
+                         "allowed: an integer >= 1")
+    check_choice("moment_swap", defaults["moment_swap"], MOMENT_SWAPS)
+    check_choice("refresh_dtype", defaults["refresh_dtype"], tuple(REFRESH_DTYPES))
+    check_range("weight_decay", defaults["weight_decay"], 0.0, float("inf"))
+    check_range("lr", defaults["lr"], 0.0, float("inf"))
+
+
+class BlockPreconditioner(torch.optim.Optimizer):
+    """Base class: subclasses implement the per-step math and the refresh config of a block."""
+
+    def __init__(self, params, defaults: dict, *, refresh_delay: int = 0) -> None:
+        check_layout_args(defaults)
+        super().__init__(params, defaults)
+        self.refresh_delay = refresh_delay
+        self.external_refresh = False
+        """When True, step() never refreshes; a runtime drives snapshot/refresh_fn/apply_refresh."""
+        self.refresh_failures = 0
+        """Refreshes (native mode) that raised or returned non-finite values; basis kept."""
+        self._num_steps = 0
+        self._pending: list[tuple[int, RefreshResult]] = []  # (swap step, result), in order
+        self._due: tuple[BlockKey, ...] = ()
+        self._layouts: dict[int, tuple[tuple, Layout]] = {}
+
+    # ---- subclass hooks -------------------------------------------------------------------
+    def _step_param(self, p: torch.Tensor, grad: torch.Tensor, state: dict, layout: Layout,
+                    group: dict) -> bool:
+        """Per-step math for one parameter; grad is in work shape. True: refresh due now."""
+        raise NotImplementedError
+
+    def _block_refresh_config(self, group: dict, layout: Layout, dim: int) -> RefreshConfig:
+        raise NotImplementedError
+
+    def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
+        """Re-express per-coordinate statistics of `key` in the new basis (perm or transport)."""
+
+    def _snapshot_scale(self, state: dict, group: dict) -> float:
+        return 1.0
+
+    # ---- properties -----------------------------------------------------------------------
+    @property
+    def refresh_delay(self) -> int:
+        """d: a refresh computed from step-t statistics is swapped in at the boundary of t + d."""
+        return self._refresh_delay
+
+    @refresh_delay.setter
+    def refresh_delay(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"refresh_delay: got {value!r}; allowed: an integer >= 0")
+        self._refresh_delay = value
+
+    @property
+    def num_steps(self) -> int:
+        """Calls of step() so far: the clock that stats steps and swap steps use."""
+        return self._num_steps
+
+    # ---- the step -------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._num_steps += 1
+        due: list[BlockKey] = []
+        for index, p, group in self._indexed_params():
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise TypeError(f"{type(self).__name__} does not support sparse gradients")
+            layout = self._layout(index, p, group)
+            grad = p.grad.reshape(layout.shape)
+            if self._step_param(p, grad, self.state[p], layout, group):
+                due.extend(BlockKey(index, dim, c) for dim, c, _ in layout.blocks())
+        self._boundary(due)
+        return loss
+
+    def _boundary(self, due: list[BlockKey]) -> None:
+        now = self._num_steps
+        ready = [result for at, result in self._pending if at <= now]
+        self._pending = [(at, result) for at, result in self._pending if at > now]
+        for result in ready:
+            self.apply_refresh(result.key, result)
+        self._due = tuple(due)
+        if self.external_refresh:
+            return
+        for key in due:
+            result = self._refresh_inline(key)
+            if result is None:
+                continue
+            if self._refresh_delay == 0:
+                self.apply_refresh(key, result)
+            else:
+                self._pending.append((now + self._refresh_delay, result))
+
+    def _refresh_inline(self, key: BlockKey) -> RefreshResult | None:
+        try:
+            result = refresh_fn(self.snapshot(key), self.refresh_config(key))
+        except torch.linalg.LinAlgError:
+            result = None
+        if result is None or not is_finite(result):
+            self.refresh_failures += 1
+            return None
+        return result
+
+    # ---- the seam API ---------------------------------------------------------------------
+    def refresh_blocks(self) -> list[BlockInfo]:
+        """Every refresh block of every parameter, in a fixed order (known before step 1)."""
+        return [BlockInfo(BlockKey(index, dim, c), size, float(size) ** 3)
+                for index, p, group in self._indexed_params()
+                for dim, c, size in self._layout(index, p, group).blocks()]
+
+    def due_blocks(self) -> tuple[BlockKey, ...]:
+        """Blocks whose refresh fell due at the last step (same in native and external mode)."""
+        return self._due
+
+    def pending_refreshes(self) -> list[tuple[int, BlockKey]]:
+        """(swap step, key) of results computed in native delayed mode and not yet swapped in."""
+        return [(at, result.key) for at, result in self._pending]
+
+    def schedule_refresh(self, at: int, result: RefreshResult) -> None:
+        """Hold a computed result and swap it in at the boundary of step `at` (num_steps clock).
+
+        A runtime hands over its outstanding results before a checkpoint, so state_dict() holds
+        them and a resumed run swaps each in at the same step as the uninterrupted run.
+        """
+        if at <= self._num_steps:
+            raise ValueError(f"at: got {at}; allowed: a step after the current {self._num_steps}")
+        self._pending.append((at, result))
+        self._pending.sort(key=lambda item: item[0])
+
+    def refresh_config(self, key: BlockKey) -> RefreshConfig:
+        p, group, layout = self._locate(key)
+        return self._block_refresh_config(group, layout, key.dim)
+
+    def snapshot(self, key: BlockKey, device: torch.device | str | None = None,
+                 non_blocking: bool = False) -> FactorSnapshot:
+        """Clone one block's factor (and basis, when the refresh reads it) at this boundary."""
+        p, group, layout = self._locate(key)
+        state = self._block_state(p, key)
+        config = self._block_refresh_config(group, layout, key.dim)
+
+        def clone(t: torch.Tensor) -> torch.Tensor:
+            if device is None:
+                return t.clone()
+            return t.to(device, non_blocking=non_blocking, copy=True)
+
+        basis = state[BASES][key.dim][key.chunk]
+        return FactorSnapshot(key=key, stats_step=self._num_steps,
+                              base_version=state[VERSIONS][key.dim][key.chunk],
+                              factor=clone(state[FACTORS][key.dim][key.chunk]),
+                              basis=clone(basis) if config.needs_basis else None,
+                              scale=self._snapshot_scale(state, group))
+
+    def apply_refresh(self, key: BlockKey, result: RefreshResult) -> None:
+        """Swap a refresh result into block `key` (call between steps).
+
+        The moment swap uses the result's perm/transport when the result was computed from the
+        basis still in use; if another swap happened since its snapshot, the transport is
+        recomputed against the current basis (and a reference permutation, which only makes sense
+        relative to the basis it was computed from, is skipped).
+        """
+        if result.key != key:
+            raise ValueError(f"result for {result.key} applied to block {key}")
+        p, group, layout = self._locate(key)
+        state = self._block_state(p, key)
+        basis_bb = state[BASES][key.dim][key.chunk]
+        if result.basis.shape != basis_bb.shape:
+            raise ValueError(f"result basis {tuple(result.basis.shape)} does not fit block {key} "
+                             f"{tuple(basis_bb.shape)}")
+        version = state[VERSIONS][key.dim][key.chunk]
+        new_bb = result.basis.to(basis_bb.device, basis_bb.dtype)
+        perm_b, p_bb = result.perm, result.transport
+        if result.base_version != version:
+            perm_b = None
+            p_bb = None if p_bb is None else overlap_transport(basis_bb, new_bb)
+        if p_bb is not None:
+            p_bb = p_bb.to(basis_bb.device, basis_bb.dtype)
+        self._swap_moments(state, layout, key, perm_b, p_bb)
+        basis_bb.copy_(new_bb)
+        state[VERSIONS][key.dim][key.chunk] = version + 1
+        state[BASIS_STEPS][key.dim][key.chunk] = result.stats_step
+
+    def basis_step(self, key: BlockKey) -> int:
+        """The step whose statistics made the basis in use (-1: initial identity)."""
+        p, _, _ = self._locate(key)
+        return self._block_state(p, key)[BASIS_STEPS][key.dim][key.chunk]
+
+    def basis_version(self, key: BlockKey) -> int:
+        p, _, _ = self._locate(key)
+        return self._block_state(p, key)[VERSIONS][key.dim][key.chunk]
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state[EXTRA] = {"num_steps": self._num_steps, "refresh_failures": self.refresh_failures,
+                        "pending": [{"at": at, **result.to_dict()} for at, result in self._pending]}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop(EXTRA, None)
+        super().load_state_dict(state_dict)
+        if extra is None:
+            raise ValueError(f"state_dict has no {EXTRA!r} entry: not saved by "
+                             f"{type(self).__name__}")
+        self._num_steps = extra["num_steps"]
+        self.refresh_failures = extra["refresh_failures"]
+        self._pending = [(item["at"], RefreshResult.from_dict(item)) for item in extra["pending"]]
+        self._due = ()
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _indexed_params(self):
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield index, p, group
+                index += 1
+
+    def _layout(self, index: int, p: torch.Tensor, group: dict) -> Layout:
+        spec = (tuple(p.shape), group["max_precond_dim"], group["block_size"],
+                group["merge_dims"], group["precondition_1d"])
+        cached = self._layouts.get(index)
+        if cached is None or cached[0] != spec:
+            layout = make_layout(p.shape, max_precond_dim=spec[1], block_size=spec[2],
+                                 merge=spec[3], precondition_1d=spec[4])
+            cached = self._layouts[index] = (spec, layout)
+        return cached[1]
+
+    def _locate(self, key: BlockKey) -> tuple[torch.Tensor, dict, Layout]:
+        for index, p, group in self._indexed_params():
+            if index == key.param:
+                layout = self._layout(index, p, group)
+                if (key.dim >= len(layout.chunks) or layout.chunks[key.dim] is None
+                        or not 0 <= key.chunk < len(layout.chunks[key.dim])):
+                    raise KeyError(f"{key} is not a refresh block (layout {layout})")
+                return p, group, layout
+        raise KeyError(f"{key}: no parameter with index {key.param}")
+
+    def _block_state(self, p: torch.Tensor, key: BlockKey) -> dict:
+        state = self.state.get(p)
+        if not state:
+            raise KeyError(f"{key}: the parameter has not taken a step yet")
+        return state
+
+    @staticmethod
+    def _init_blocks(state: dict, layout: Layout, like: torch.Tensor) -> None:
+        """Zero factors, identity bases, version 0 and no stats step for every block."""
+        kw = {"dtype": like.dtype, "device": like.device}
+        state[FACTORS] = new_blocks(layout, lambda b: torch.zeros(b, b, **kw))
+        state[BASES] = new_blocks(layout, lambda b: torch.eye(b, **kw))
+        state[VERSIONS] = [None if s is None else [0] * len(s) for s in layout.chunks]
+        state[BASIS_STEPS] = [None if s is None else [-1] * len(s) for s in layout.chunks]
+
+    @staticmethod
+    def _swap_along_dim(x: torch.Tensor, layout: Layout, key: BlockKey, perm_b,
+                        p_bb) -> torch.Tensor:
+        """x (work shape) re-expressed for a swap of block `key`: perm or transport on its chunk."""
+        sizes = layout.chunks[key.dim]
+        if p_bb is not None:
+            return map_chunk(x, key.dim, sizes, key.chunk, p_bb)
+        if perm_b is not None:
+            return permute_dim(x, key.dim, sizes, key.chunk, perm_b)
+        return x

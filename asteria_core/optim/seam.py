@@ -1,0 +1,173 @@
+"""The refresh seam: what a runtime needs to compute a preconditioner refresh anywhere.
+
+An optimizer hands out a `FactorSnapshot` of one block (cloned tensors, nothing shared with live
+state) and a `RefreshConfig`; `refresh_fn` turns them into a `RefreshResult` without touching any
+optimizer, so it can run inline, on a host worker thread or process, or on another rank; the
+optimizer's `apply_refresh` swaps the result in at a step boundary. All three types are plain
+picklable dataclasses of tensors, ints, floats and strings.
+
+Legend: b is the side of the block's factor; F_bb the factor statistics, Q_bb a basis (SOAP,
+KL-Shampoo: eigenvector estimates in descending eigenvalue order; Shampoo: the inverse root).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from asteria_core.optim.matrix_functions import (
+    eigh_descending,
+    inverse_root,
+    overlap_transport,
+    power_qr,
+    power_qr_sorted,
+)
+
+REFRESH_METHODS = ("eigh", "power_qr", "inverse_root")
+MOMENT_SWAPS = ("reference", "transport")
+REFRESH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class BlockKey(NamedTuple):
+    """Stable id of one refresh block: parameter, dimension of its work shape, chunk on that dim.
+
+    `param` counts parameters across param_groups in order, as torch's state_dict does, so a key
+    means the same block in every process that builds the optimizer the same way.
+    """
+
+    param: int
+    dim: int
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """A refresh block as a scheduler sees it."""
+
+    key: BlockKey
+    size: int
+    """b: the factor block is (b, b)."""
+    cost: float
+    """Refresh cost estimate, b**3 (eigh, QR and inverse roots are all cubic)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshConfig:
+    """How to refresh one block. Built by the optimizer from the block's param group."""
+
+    method: str
+    """eigh | power_qr | inverse_root."""
+    moment_swap: str = "reference"
+    """reference | transport: what the swap does to the second-moment statistics."""
+    sort: bool = True
+    """power_qr only: sort columns by estimated eigenvalue first (SOAP: yes; KL-Shampoo: no)."""
+    dtype: str = "float32"
+    """Compute dtype of the decomposition: float32 (the references) or float64."""
+    root: float = 4.0
+    """inverse_root only: the result is (scale * F + eps I)^(-1/root)."""
+    eps: float = 0.0
+    """inverse_root only: added to the eigenvalues (after clamping them at 0)."""
+
+    def __post_init__(self) -> None:
+        if self.method not in REFRESH_METHODS:
+            raise ValueError(f"method: got {self.method!r}; allowed: {REFRESH_METHODS}")
+        if self.moment_swap not in MOMENT_SWAPS:
+            raise ValueError(f"moment_swap: got {self.moment_swap!r}; allowed: {MOMENT_SWAPS}")
+        if self.dtype not in REFRESH_DTYPES:
+            raise ValueError(f"dtype: got {self.dtype!r}; allowed: {tuple(REFRESH_DTYPES)}")
+
+    @property
+    def needs_basis(self) -> bool:
+        """Whether refresh_fn reads the previous basis (warm start or transport)."""
+        return self.method == "power_qr" or self.moment_swap == "transport"
+
+
+@dataclass(frozen=True, slots=True)
+class FactorSnapshot:
+    """One block's statistics at the end of step `stats_step`, cloned out of the optimizer."""
+
+    key: BlockKey
+    stats_step: int
+    """The optimizer step whose statistics these are."""
+    base_version: int
+    """Version of the basis in use when the snapshot was taken (0: the initial identity)."""
+    factor: torch.Tensor
+    """F_bb: the factor block (L or R statistics)."""
+    basis: torch.Tensor | None
+    """Q_bb in use at snapshot time; None when the refresh does not read it."""
+    scale: float = 1.0
+    """Multiply the factor by this before refreshing (Shampoo's EMA bias correction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshResult:
+    """A new basis for one block plus what swapping it in needs."""
+
+    key: BlockKey
+    stats_step: int
+    base_version: int
+    basis: torch.Tensor
+    """New Q_bb (in the factor's dtype)."""
+    perm: torch.Tensor | None = None
+    """(b,) reference swap: new coordinate j continues old coordinate perm[j]."""
+    transport: torch.Tensor | None = None
+    """(b, b) P[i, j] = <q_old_i, q_new_j>^2: second-moment transport (moment_swap=transport)."""
+
+    def to_dict(self) -> dict:
+        return {"key": tuple(self.key), "stats_step": self.stats_step,
+                "base_version": self.base_version, "basis": self.basis, "perm": self.perm,
+                "transport": self.transport}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RefreshResult:
+        return cls(key=BlockKey(*data["key"]), stats_step=data["stats_step"],
+                   base_version=data["base_version"], basis=data["basis"], perm=data["perm"],
+                   transport=data["transport"])
+
+
+def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult:
+    """Compute a block's new basis from a snapshot: pure, deterministic for the same inputs.
+
+    power_qr starts from an eigh when the snapshot's basis is the initial identity (version 0),
+    as the references do at a parameter's first step. Raises torch.linalg.LinAlgError when the
+    decomposition fails even in float64; the caller keeps the old basis and counts a failure.
+    """
+    dtype = REFRESH_DTYPES[config.dtype]
+    factor_bb = snapshot.factor if snapshot.scale == 1.0 else snapshot.factor * snapshot.scale
+    perm_b = None
+    match config.method:
+        case "inverse_root":
+            q_new_bb = inverse_root(factor_bb, config.root, config.eps, dtype)
+        case "eigh":
+            q_new_bb = eigh_descending(factor_bb, dtype)[1]
+        case "power_qr" if snapshot.base_version == 0:
+            q_new_bb = eigh_descending(factor_bb, dtype)[1]
+        case "power_qr" if config.sort:
+            q_new_bb, perm_b = power_qr_sorted(factor_bb, _basis(snapshot), dtype)
+        case "power_qr":
+            q_new_bb = power_qr(factor_bb, _basis(snapshot), dtype)
+        case _:
+            raise NotImplementedError(config.method)
+    transport_bb = None
+    if config.moment_swap == "transport":
+        transport_bb = overlap_transport(_basis(snapshot).to(dtype), q_new_bb)
+        transport_bb = transport_bb.to(snapshot.factor.dtype)
+        perm_b = None
+    return RefreshResult(key=snapshot.key, stats_step=snapshot.stats_step,
+                         base_version=snapshot.base_version,
+                         basis=q_new_bb.to(snapshot.factor.dtype), perm=perm_b,
+                         transport=transport_bb)
+
+
+def _basis(snapshot: FactorSnapshot) -> torch.Tensor:
+    if snapshot.basis is None:
+        raise ValueError(f"snapshot of {snapshot.key} has no basis, but the refresh needs it")
+    return snapshot.basis
+
+
+def is_finite(result: RefreshResult) -> bool:
+    """True when every float tensor of the result is finite. A host sync (reads one bool)."""
+    tensors = [result.basis] + ([result.transport] if result.transport is not None else [])
+    return all(bool(torch.isfinite(t).all()) for t in tensors)

@@ -1,0 +1,147 @@
+"""SOAP (Vyas et al., arXiv 2409.11321): Adam in the eigenbasis of Shampoo's factors.
+
+Faithful to the reference implementation (nikhilvyas/SOAP, soap.py): same arguments, defaults,
+step order and refresh rule. Per parameter with gradient G (work shape; for a matrix G_mn):
+
+    first call:  L_mm, R_nn <- lerp(0, G G^T / G^T G, 1 - shampoo_beta); Q <- eigh; no update
+    later calls: m  <- b1 m + (1 - b1) G                  (original basis, see below)
+                 G' = Q_mm^T G Q_nn,  v <- b2 v + (1 - b2) G'^2   (v lives in the eigenbasis)
+                 U  = Q_mm (Q_mm^T m Q_nn / (sqrt(v) + eps)) Q_nn^T
+                 p <- p - lr * sqrt(1 - b2^t) / (1 - b1^t) * U;  p <- p - lr * wd * p
+                 L, R <- lerp(L/R, G G^T / G^T G, 1 - shampoo_beta)      (after the update)
+                 every precondition_frequency steps: refresh Q at the step boundary
+
+The reference stores m in the eigenbasis but round-trips it through the original basis at every
+step, so it always equals Q^T m Q for the original-basis EMA m; we keep m in the original basis
+(as Meta's Distributed Shampoo does): the same numbers up to rounding, two fewer projections per
+step, and a basis swap needs no first-moment rotation at all.
+
+Ours on top: `block_size` (block-diagonal factors, see layout.py), `refresh` (power_qr: the
+reference's sorted power iteration + QR, seeded by eigh at the first refresh; eigh: exact
+eigendecomposition every refresh), `moment_swap` (what happens to v at a swap), `refresh_dtype`
+and `refresh_delay` (see base.py).
+
+moment_swap default: "reference". It is the reference's own rule (on the power_qr path v is
+re-indexed by the same sort as the basis columns), so SOAP() with no extra arguments is the
+published algorithm and the synchronous baseline every Asteria speed-up is measured against.
+"transport" (HeavyBall) maps v with P = (Q_old^T Q_new)^2, the exact diagonal of the old second
+moment seen in the new basis: prefer it with refresh="eigh" (eigh re-orders and re-signs columns
+freely, so index-aligned v can land on the wrong eigenvector) and for long swap delays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from asteria_core.optim.base import (
+    BASES,
+    EXP_AVG,
+    FACTORS,
+    STEP,
+    BlockPreconditioner,
+    check_choice,
+    check_range,
+)
+from asteria_core.optim.layout import Layout, dim_outer, from_basis, to_basis
+from asteria_core.optim.seam import BlockKey, RefreshConfig
+
+EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
+
+
+def soap_update_factors(grad: torch.Tensor, factors, layout: Layout, beta: float) -> None:
+    """F <- lerp(F, contraction of G over all other dims, 1 - beta), per block (in place)."""
+    for dim, sizes in enumerate(layout.chunks):
+        if sizes is not None:
+            for factor_bb, outer_bb in zip(factors[dim], dim_outer(grad, dim, sizes), strict=True):
+                factor_bb.lerp_(outer_bb, 1 - beta)
+
+
+class SOAP(BlockPreconditioner):
+    """SOAP as a torch.optim.Optimizer with the reference's arguments and defaults.
+
+    Args:
+        lr, betas, eps, weight_decay, correct_bias: Adam in the eigenbasis (Default: 3e-3,
+            (0.95, 0.95), 1e-8, 0.01, True). Weight decay is decoupled and applied after the
+            update, as in the reference.
+        shampoo_beta: factor EMA decay; < 0 means betas[1] (Default: -1).
+        precondition_frequency: steps between basis refreshes (Default: 10).
+        max_precond_dim: dims larger than this are not rotated (identity), so vocab-sized dims
+            of embeddings and heads get one-sided SOAP (Default: 10000).
+        merge_dims: merge adjacent dims while their product fits max_precond_dim (Default: False).
+        precondition_1d: give 1-D parameters a factor too; else plain Adam (Default: False).
+        normalize_grads: RMS-normalise each parameter's update (Default: False).
+        block_size: largest factor side; longer dims get block-diagonal factors. None: no
+            blocking, the reference (Default: None).
+        refresh: power_qr | eigh (Default: power_qr, the reference).
+        moment_swap: reference | transport (Default: reference; see the module docstring).
+        refresh_dtype: float32 | float64 compute dtype of refreshes (Default: float32, the
+            reference; float64 costs the same on CPU).
+        refresh_delay: swap a refresh computed at step t in at t + d (Default: 0, the reference).
+    """
+
+    def __init__(self, params, lr: float = 3e-3, betas: tuple[float, float] = (0.95, 0.95),
+                 shampoo_beta: float = -1, eps: float = 1e-8, weight_decay: float = 0.01,
+                 precondition_frequency: int = 10, max_precond_dim: int = 10000,
+                 merge_dims: bool = False, precondition_1d: bool = False,
+                 normalize_grads: bool = False, correct_bias: bool = True,
+                 block_size: int | None = None, refresh: str = "power_qr",
+                 moment_swap: str = "reference", refresh_dtype: str = "float32",
+                 refresh_delay: int = 0) -> None:
+        for i, beta in enumerate(betas):
+            check_range(f"betas[{i}]", beta, 0.0, 1.0)
+        if shampoo_beta >= 0:
+            check_range("shampoo_beta", shampoo_beta, 0.0, 1.0)
+        check_range("eps", eps, 0.0, float("inf"))
+        check_choice("refresh", refresh, ("power_qr", "eigh"))
+        defaults = {"lr": lr, "betas": tuple(betas), "shampoo_beta": shampoo_beta, "eps": eps,
+                    "weight_decay": weight_decay,
+                    "precondition_frequency": precondition_frequency,
+                    "max_precond_dim": max_precond_dim, "merge_dims": merge_dims,
+                    "precondition_1d": precondition_1d, "normalize_grads": normalize_grads,
+                    "correct_bias": correct_bias, "block_size": block_size, "refresh": refresh,
+                    "moment_swap": moment_swap, "refresh_dtype": refresh_dtype}
+        super().__init__(params, defaults, refresh_delay=refresh_delay)
+
+    def _block_refresh_config(self, group: dict, layout: Layout, dim: int) -> RefreshConfig:
+        return RefreshConfig(method=group["refresh"], moment_swap=group["moment_swap"],
+                             sort=True, dtype=group["refresh_dtype"])
+
+    def _step_param(self, p, grad, state, layout, group) -> bool:
+        beta1, beta2 = group["betas"]
+        shampoo_beta = group["shampoo_beta"] if group["shampoo_beta"] >= 0 else beta2
+        if STEP not in state:
+            state[STEP] = 0
+            state[EXP_AVG] = torch.zeros_like(grad)
+            state[EXP_AVG_SQ] = torch.zeros_like(grad)
+            self._init_blocks(state, layout, grad)
+            soap_update_factors(grad, state[FACTORS], layout, shampoo_beta)
+            # The reference's first call only builds statistics and the first basis, so the
+            # current gradient never enters its own projection.
+            return True
+        state[STEP] += 1
+        step = state[STEP]
+        exp_avg, exp_avg_sq, bases = state[EXP_AVG], state[EXP_AVG_SQ], state[BASES]
+
+        grad_e = to_basis(grad, bases)  # G' = Q_mm^T G Q_nn
+        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        exp_avg_sq.mul_(beta2).add_(grad_e.square(), alpha=1.0 - beta2)
+        denom = exp_avg_sq.sqrt().add_(group["eps"])
+
+        step_size = group["lr"]
+        if group["correct_bias"]:
+            step_size = step_size * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        update = from_basis(to_basis(exp_avg, bases) / denom, bases)
+        if group["normalize_grads"]:
+            update = update / (1e-30 + torch.mean(update**2) ** 0.5)
+        p.add_(update.reshape(p.shape), alpha=-step_size)
+        if group["weight_decay"] > 0.0:
+            p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+
+        soap_update_factors(grad, state[FACTORS], layout, shampoo_beta)
+        return step % group["precondition_frequency"] == 0
+
+    def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
+        exp_avg_sq = state[EXP_AVG_SQ]
+        exp_avg_sq.copy_(self._swap_along_dim(exp_avg_sq, layout, key, perm_b, p_bb))
