@@ -136,9 +136,9 @@ class BlockPreconditioner(torch.optim.Optimizer):
 
     def _boundary(self, due: list[BlockKey]) -> None:
         now = self._num_steps
-        ready = [result for at, result in self._pending if at <= now]
-        self._pending = [(at, result) for at, result in self._pending if at > now]
-        for result in ready:
+        ready = sorted((item for item in self._pending if item[0] <= now), key=lambda i: i[0])
+        self._pending = [item for item in self._pending if item[0] > now]
+        for _, result in ready:
             self.apply_refresh(result.key, result)
         self._due = tuple(due)
         if self.external_refresh:
@@ -150,7 +150,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
             if self._refresh_delay == 0:
                 self.apply_refresh(key, result)
             else:
-                self._pending.append((now + self._refresh_delay, result))
+                self.schedule_refresh(now + self._refresh_delay, result)
 
     def _refresh_inline(self, key: BlockKey) -> RefreshResult | None:
         try:
@@ -173,20 +173,21 @@ class BlockPreconditioner(torch.optim.Optimizer):
         """Blocks whose refresh fell due at the last step (same in native and external mode)."""
         return self._due
 
-    def pending_refreshes(self) -> list[tuple[int, BlockKey]]:
-        """(swap step, key) of results computed in native delayed mode and not yet swapped in."""
-        return [(at, result.key) for at, result in self._pending]
+    def schedule_refresh(self, step: int, result: RefreshResult) -> None:
+        """Hand over a computed result to be swapped in at the boundary of `step` (> num_steps).
 
-    def schedule_refresh(self, at: int, result: RefreshResult) -> None:
-        """Hold a computed result and swap it in at the boundary of step `at` (num_steps clock).
-
-        A runtime hands over its outstanding results before a checkpoint, so state_dict() holds
-        them and a resumed run swaps each in at the same step as the uninterrupted run.
+        Scheduled results are part of state_dict(), so a runtime can settle its in-flight work
+        into the optimizer before a checkpoint and a resumed run swaps it in on time. Results
+        due at the same boundary are swapped in the order they were scheduled.
         """
-        if at <= self._num_steps:
-            raise ValueError(f"at: got {at}; allowed: a step after the current {self._num_steps}")
-        self._pending.append((at, result))
-        self._pending.sort(key=lambda item: item[0])
+        if step <= self._num_steps:
+            raise ValueError(f"step: got {step}; allowed: > num_steps ({self._num_steps})")
+        self._locate(result.key)
+        self._pending.append((step, result))
+
+    def pending_refreshes(self) -> list[tuple[int, BlockKey]]:
+        """(swap step, key) of scheduled results not yet swapped in (native delay or runtime)."""
+        return [(at, result.key) for at, result in self._pending]
 
     def refresh_config(self, key: BlockKey) -> RefreshConfig:
         p, group, layout = self._locate(key)

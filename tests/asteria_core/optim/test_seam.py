@@ -249,3 +249,30 @@ def test_seam_errors_are_explicit():
         opt.apply_refresh(BlockKey(0, 1, 0), result)
     with pytest.raises(ValueError, match="refresh_delay"):
         opt.refresh_delay = -2
+
+
+def test_a_scheduled_result_is_swapped_in_at_its_step_and_survives_a_checkpoint():
+    grads = structured_grads((4, 3), 10, seed=37, dtype=torch.float32)
+    p = torch.zeros(4, 3, requires_grad=True)
+    opt = SOAP([p], precondition_frequency=100)
+    opt.external_refresh = True
+    run_grads(opt, p, grads[:2])
+    key = BlockKey(0, 0, 0)
+    result = refresh_fn(opt.snapshot(key), opt.refresh_config(key))
+    with pytest.raises(ValueError, match="num_steps"):
+        opt.schedule_refresh(2, result)
+    opt.schedule_refresh(5, result)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    q = p.detach().clone().requires_grad_(True)
+    resumed = SOAP([q], precondition_frequency=100)
+    resumed.external_refresh = True
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    for o, param in ((opt, p), (resumed, q)):
+        run_grads(o, param, grads[2:4])
+        assert o.basis_version(key) == 0 and o.pending_refreshes() == [(5, key)]
+        run_grads(o, param, grads[4:5])
+        assert o.basis_version(key) == 1 and o.basis_step(key) == 2
+        assert o.pending_refreshes() == []
+    assert torch.equal(p, q)
