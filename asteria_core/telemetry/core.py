@@ -87,7 +87,7 @@ class Telemetry:
         if meters is None:
             meters = build_meters(self.config, nvml_lib=nvml_lib)
         self.energy = EnergyMonitor(meters, min_interval=self.config.energy_poll_seconds)
-        self.run_id = ""
+        self.run_id, self._optimizer = "", ""
 
     # ----------------------------------------------------------------------- wiring
     def attach(self, trainer: Trainer) -> None:
@@ -96,13 +96,9 @@ class Telemetry:
             raise ValueError("this Telemetry is already attached to a trainer")
         self._timer = trainer.timer
         self._device = device_label(trainer.device)
-        self.run_id = trainer.run_id
-        self.set_run_info(trainer.run_id, trainer.config.optim.name, "native")
+        self.run_id, self._optimizer = trainer.run_id, trainer.config.optim.name
+        self.set_mode("native")
         trainer.record_sinks.insert(0, self._on_record)
-
-    def set_run_info(self, run_id: str, optimizer: str, mode: str) -> None:
-        """The single series that carries the run id (and optimizer and refresh mode)."""
-        self._exporter.set_run_info(run_id, optimizer, mode)
 
     # ----------------------------------------------------------------------- Reporter
     @contextmanager
@@ -157,6 +153,10 @@ class Telemetry:
     def set_policy_version(self, version: int) -> None:
         self._latest["policy_version"] = version
 
+    def set_mode(self, mode: str) -> None:
+        # asteria_run_info is the single series that carries the run id.
+        self._exporter.set_run_info(self.run_id, self._optimizer, mode)
+
     # ----------------------------------------------------------------------- per step
     def _on_record(self, record: StepRecord) -> None:
         compute, idle = breakdown(record.phase_seconds, record.step_seconds,
@@ -174,7 +174,8 @@ class Telemetry:
         self.energy.poll()
         if record.eval_loss is not None:
             self._check_target(record)
-        record.extra.update(self._latest)
+        for key, value in self._latest.items():  # figures the trainer stamped itself win
+            record.extra.setdefault(key, value)
         if self._tier_bytes:
             record.extra["tier_bytes"] = dict(self._tier_bytes)
         record.extra["compute_seconds"] = compute

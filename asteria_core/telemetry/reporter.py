@@ -72,6 +72,10 @@ class Reporter(Protocol):
         """The version of the live policy now in force."""
         ...
 
+    def set_mode(self, mode: str) -> None:
+        """The refresh mode of the run (the `mode` label of asteria_run_info), e.g. native."""
+        ...
+
 
 class RunReporter(Reporter, Protocol):
     """A reporter the trainer binds itself to (its step timer, run id and record sinks)."""
@@ -124,6 +128,9 @@ class NullReporter:
         pass
 
     def set_policy_version(self, version: int) -> None:
+        pass
+
+    def set_mode(self, mode: str) -> None:
         pass
 
     def attach(self, trainer: Trainer) -> None:
