@@ -118,7 +118,7 @@ def test_state_dict_round_trip_continues_identically(name, delay):
 
     resumed_model = clone_model(model)
     resumed = OPTIMIZERS[name](resumed_model.parameters(), refresh_delay=delay)
-    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
     assert resumed.num_steps == opt.num_steps
     assert resumed.pending_refreshes() == opt.pending_refreshes()
     for batch in batches[7:]:
@@ -268,7 +268,7 @@ def test_a_scheduled_result_is_swapped_in_at_its_step_and_survives_a_checkpoint(
     resumed = SOAP([q], precondition_frequency=100)
     resumed.external_refresh = True
     buffer.seek(0)
-    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
     for o, param in ((opt, p), (resumed, q)):
         run_grads(o, param, grads[2:4])
         assert o.basis_version(key) == 0 and o.pending_refreshes() == [(5, key)]
