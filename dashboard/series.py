@@ -1,0 +1,202 @@
+"""Step records -> chart-ready tables: pure functions and one bounded buffer, no Streamlit.
+
+A step record (GET /runs/{id}/steps) is flattened into a compact row when it arrives; a run's
+rows live in a `StepBuffer` whose size is bounded however long the run: when it fills up, the
+older part is thinned to every second row (the recent part stays at full resolution), so a
+long live view keeps the whole curve at a coarser grain and memory stays flat.
+
+Names of `extra` figures are those of asteria_core/telemetry (docs/metrics.md); a figure that is
+absent from every record is "not reported by this run", never drawn as zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+IDLE_CAUSES = ("refresh_wait", "transfer_wait", "sync_wait", "data_wait", "other")
+PHASES = ("data", "forward", "backward", "optimizer", "boundary")
+TIERS = ("device", "host", "disk")
+MEASURED = ("nvml", "rapl")
+"""Energy sources that measure; `model` is an estimate (CPU seconds x configured watts)."""
+# extra key -> row column; the later names are those the brief for issue 8 used.
+SCALARS = {
+    "staleness_max_steps": "staleness_max", "staleness_max": "staleness_max",
+    "staleness_bound": "staleness_bound",
+    "refresh_queue_depth": "queue_depth",
+    "refresh_workers_busy_ratio": "background_load", "background_load": "background_load",
+    "device_busy_ratio": "busy_ratio",
+    "policy_version": "policy_version",
+}
+DICTS = {"compute_seconds": "phase_", "idle_seconds": "idle_", "energy_joules": "joules_",
+         "tier_bytes": "tier_", "tier_capacity_bytes": "cap_"}
+CUMULATIVE_PREFIXES = ("joules_",)
+
+
+def compact(record: dict[str, Any], tokens_before: int) -> dict[str, Any]:
+    """One step record as a flat row (what the charts need, nothing else)."""
+    row = {k: record.get(k) for k in ("step", "time", "loss", "eval_loss", "lr", "tokens",
+                                      "step_seconds")}
+    row["tokens_total"] = tokens_before + int(record.get("tokens") or 0)
+    extra = record.get("extra") or {}
+    phases = extra.get("compute_seconds") or record.get("phase_seconds") or {}
+    for name, value in phases.items():
+        row[f"phase_{name}"] = value
+    for key, prefix in DICTS.items():
+        if key == "compute_seconds":
+            continue
+        for name, value in (extra.get(key) or {}).items():
+            row[prefix + name] = value
+    for key, column in SCALARS.items():
+        if key in extra and extra[key] is not None:
+            row[column] = extra[key]
+    return row
+
+
+class StepBuffer:
+    """A run's rows, fed incrementally (`since` = last_step), bounded by `max_rows`."""
+
+    def __init__(self, max_rows: int = 6000, keep_recent: int = 2000) -> None:
+        if not 0 < keep_recent < max_rows:
+            raise ValueError(f"keep_recent: got {keep_recent}; allowed: 0 < keep_recent < "
+                             f"max_rows ({max_rows})")
+        self.max_rows = max_rows
+        self.keep_recent = keep_recent
+        self.rows: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.last_step = 0
+        self.tokens_total = 0
+
+    def extend(self, records: list[dict[str, Any]]) -> int:
+        """Add records newer than last_step; returns how many were new."""
+        added = 0
+        for record in records:
+            if record["step"] <= self.last_step:
+                continue
+            row = compact(record, self.tokens_total)
+            self.tokens_total = row["tokens_total"]
+            self.last_step = record["step"]
+            self.rows.append(row)
+            if row.get("eval_loss") is not None:
+                self.evals.append(row)
+            added += 1
+        while len(self.rows) > self.max_rows:  # a page can be larger than the room left
+            old, recent = self.rows[:-self.keep_recent], self.rows[-self.keep_recent:]
+            self.rows = old[::2] + recent
+        while len(self.evals) > self.max_rows // 4:
+            self.evals = self.evals[::2]
+        return added
+
+
+def frame(buffer: StepBuffer) -> pd.DataFrame:
+    """All rows as a table, with `elapsed`: wall-clock seconds since the run's first step began."""
+    df = pd.DataFrame(buffer.rows)
+    if df.empty:
+        return df
+    evals = pd.DataFrame(buffer.evals)
+    if not evals.empty:  # thinning may have dropped an eval row from rows; put it back
+        df = pd.concat([df, evals[~evals["step"].isin(df["step"])]]).sort_values("step")
+    first = df.iloc[0]
+    t0 = first["time"] - (first["step_seconds"] or 0.0)
+    df["elapsed"] = df["time"] - t0
+    return df.reset_index(drop=True)
+
+
+def columns(df: pd.DataFrame, prefix: str) -> list[str]:
+    return [c for c in df.columns if c.startswith(prefix) and df[c].notna().any()]
+
+
+def binned(df: pd.DataFrame, max_points: int = 400) -> pd.DataFrame:
+    """At most max_points rows: means per step bin, last value for cumulative figures."""
+    if len(df) <= max_points:
+        return df
+    bins = (df["step"] - df["step"].min()) * max_points // (df["step"].max() - df["step"].min()
+                                                           + 1)
+    last = ["step", "time", "elapsed", "tokens_total"] + [
+        c for c in df.columns if c.startswith(CUMULATIVE_PREFIXES)]
+    agg = {c: ("last" if c in last else "mean") for c in df.columns
+           if c in last or pd.api.types.is_numeric_dtype(df[c])}
+    return df.groupby(bins).agg(agg).reset_index(drop=True)
+
+
+def long(df: pd.DataFrame, cols: list[str], prefix: str = "") -> pd.DataFrame:
+    """Wide -> long (step, elapsed, series, value) for stacked and multi-line charts."""
+    out = df[["step", "elapsed", *cols]].melt(id_vars=["step", "elapsed"], var_name="series",
+                                               value_name="value").dropna(subset=["value"])
+    out["series"] = out["series"].str.removeprefix(prefix)
+    return out
+
+
+def energy(df: pd.DataFrame) -> pd.DataFrame:
+    """Per source: cumulative joules, power (W) and joules per token, long form."""
+    parts = []
+    for col in columns(df, "joules_"):
+        source = col.removeprefix("joules_")
+        d = df[["step", "elapsed", "tokens_total", col]].dropna().rename(columns={col: "joules"})
+        # Meters are read every few steps (telemetry.energy_poll_seconds): power is the energy
+        # difference between successive readings over their time, not between steps.
+        polls = d[d["joules"].diff().fillna(1.0) != 0]
+        dt = polls["elapsed"].diff()
+        d["watts"] = (polls["joules"].diff() / dt).where(dt > 0)
+        d["joules_per_token"] = d["joules"] / d["tokens_total"]
+        d["source"] = source
+        d["kind"] = "measured" if source in MEASURED else "estimate"
+        parts.append(d)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def source_note(sources: list[str]) -> str:
+    kinds = [f"{s} ({'measured' if s in MEASURED else 'estimate'})" for s in sources]
+    return "energy source: " + ", ".join(kinds)
+
+
+def markers(history: list[dict[str, Any]], df: pd.DataFrame) -> pd.DataFrame:
+    """One row per applied policy change: its effective step, wall-clock position and label."""
+    rows = []
+    for change in sorted(history, key=lambda c: c["version"]):
+        diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in change["diff"].items())
+        rows.append({"step": change["effective_step"], "version": change["version"],
+                     "label": f"v{change['version']}", "text": diff or "(no field changed)",
+                     "applied_at": change.get("applied_at")})
+    out = pd.DataFrame(rows, columns=["step", "version", "label", "text", "applied_at"])
+    if out.empty or df.empty:
+        out["elapsed"] = pd.Series(dtype=float)
+        return out
+    t0 = df["time"].iloc[0] - df["elapsed"].iloc[0]
+    steps, elapsed = df["step"].to_numpy(), df["elapsed"].to_numpy()
+    first = steps.searchsorted(out["step"].to_numpy())  # first recorded step >= effective step
+    out["elapsed"] = [elapsed[i] if i < len(steps) else (a - t0 if a else None)
+                      for i, a in zip(first, out["applied_at"], strict=True)]
+    return out
+
+
+def bound_by_step(history: list[dict[str, Any]], current: int, steps: pd.Series) -> pd.Series:
+    """The staleness bound in force at each step, rebuilt from the audited changes."""
+    changes = sorted((c for c in history if "staleness_bound" in c["diff"]),
+                     key=lambda c: c["version"])
+    first = changes[0]["diff"]["staleness_bound"][0] if changes else current
+    bound = pd.Series(first, index=steps.index, dtype=float)
+    for change in changes:
+        bound[steps >= change["effective_step"]] = change["diff"]["staleness_bound"][1]
+    return bound
+
+
+def staleness_histogram(metrics_text: str) -> pd.DataFrame:
+    """Observations per staleness bucket (one per block per step) from /metrics; may be empty."""
+    name = "asteria_preconditioner_staleness_steps_bucket"
+    cumulative = []
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{"):
+            labels, _, value = line.rpartition(" ")
+            le = labels.split('le="', 1)[1].split('"', 1)[0]
+            cumulative.append((float(le), float(value)))
+    if not cumulative or cumulative[-1][1] == 0:
+        return pd.DataFrame(columns=["staleness", "observations"])
+    cumulative.sort()
+    rows, before = [], 0.0
+    for le, count in cumulative:
+        rows.append({"staleness": "inf" if le == float("inf") else f"<= {le:g}",
+                     "observations": count - before})
+        before = count
+    return pd.DataFrame(rows)

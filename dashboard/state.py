@@ -1,0 +1,127 @@
+"""Settings from the environment, the session's connection and selection, cached reads.
+
+Environment: ASTERIA_URL (default http://127.0.0.1:8000); the token from ASTERIA_TOKEN, else the
+file ASTERIA_TOKEN_FILE, else <ASTERIA_DATA_DIR or asteria-data>/token (what `asteria serve`
+writes). Both are editable in the sidebar. Reads go through `st.cache_data` with a short ttl
+and bounded entries, so many open tabs do not multiply the load on the control plane; step
+records are fetched incrementally (`since`) into bounded per-session buffers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from dashboard.client import DEFAULT_URL, Client
+from dashboard.series import StepBuffer
+
+TTL = 2.0
+PAGE = 2000
+MAX_PAGES = 5
+"""Step pages fetched per refresh: a long run's history loads over a few refreshes."""
+MAX_BUFFERS = 6
+"""Runs whose step rows a session keeps (least recently used dropped first)."""
+
+
+def env_url() -> str:
+    return os.environ.get("ASTERIA_URL", "").strip() or DEFAULT_URL
+
+
+def env_token() -> tuple[str, str]:
+    """(token, where it came from); ("", "") when none is configured."""
+    token = os.environ.get("ASTERIA_TOKEN", "").strip()
+    if token:
+        return token, "ASTERIA_TOKEN"
+    path = os.environ.get("ASTERIA_TOKEN_FILE", "").strip() or str(
+        Path(os.environ.get("ASTERIA_DATA_DIR", "").strip() or "asteria-data") / "token")
+    try:
+        return Path(path).read_text().strip(), path
+    except OSError:
+        return "", ""
+
+
+def url() -> str:
+    return st.session_state.get("url") or env_url()
+
+
+def client() -> Client:
+    token = st.session_state.get("token")
+    return Client(url(), env_token()[0] if token is None else token)
+
+
+def selected_run() -> str | None:
+    return st.session_state.get("run_id")
+
+
+def select_run_later(run_id: str) -> None:
+    """Make run_id the selection on the next rerun (the picker widget already exists)."""
+    st.session_state["select_run"] = run_id
+
+
+# ---------------------------------------------------------------------- cached reads
+@st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
+def health(base: str) -> dict[str, Any]:
+    return Client(base).health()
+
+
+@st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
+def runs(base: str) -> list[dict[str, Any]]:
+    return Client(base).runs()
+
+
+@st.cache_data(ttl=TTL, max_entries=64, show_spinner=False)
+def run(base: str, run_id: str) -> dict[str, Any]:
+    return Client(base).run(run_id)
+
+
+@st.cache_data(ttl=TTL, max_entries=64, show_spinner=False)
+def policy(base: str, run_id: str) -> dict[str, Any]:
+    return Client(base).policy(run_id)
+
+
+@st.cache_data(ttl=TTL, max_entries=64, show_spinner=False)
+def history(base: str, run_id: str) -> list[dict[str, Any]]:
+    return Client(base).policy_history(run_id)
+
+
+@st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
+def metrics(base: str) -> str:
+    return Client(base).metrics()
+
+
+@st.cache_data(ttl=TTL, max_entries=64, show_spinner=False)
+def steps_page(base: str, run_id: str, since: int, limit: int) -> dict[str, Any]:
+    return Client(base).steps(run_id, since=since, limit=limit)
+
+
+def forget_reads() -> None:
+    """After a write: the next reads go to the server."""
+    for fn in (runs, run, policy, history):
+        fn.clear()
+
+
+# ---------------------------------------------------------------------- step buffers
+def buffer(base: str, run_id: str) -> StepBuffer:
+    buffers: OrderedDict = st.session_state.setdefault("buffers", OrderedDict())
+    key = (base, run_id)
+    if key not in buffers:
+        buffers[key] = StepBuffer()
+        while len(buffers) > MAX_BUFFERS:
+            buffers.popitem(last=False)
+    buffers.move_to_end(key)
+    return buffers[key]
+
+
+def sync(base: str, run_id: str) -> StepBuffer:
+    """The run's buffer with every step record the server has (up to MAX_PAGES new pages)."""
+    buf = buffer(base, run_id)
+    for _ in range(MAX_PAGES):
+        page = steps_page(base, run_id, buf.last_step, PAGE)
+        buf.extend(page["steps"])
+        if len(page["steps"]) < PAGE:
+            break
+    return buf
