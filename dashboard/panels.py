@@ -1,0 +1,139 @@
+"""The live view's panels. Each takes the run's table (binned for drawing) and the policy markers,
+and draws its charts, or says plainly that the run does not report that figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, series
+
+WIDE = "stretch"
+
+
+def _show(where, chart, title: str, marks: pd.DataFrame | None) -> None:
+    where.altair_chart(chart, width=WIDE, alt=charts.alt_text(title, marks))
+
+
+def _absent(what: str, why: str) -> None:
+    st.info(f"**{what}**: not reported by this run. {why}", icon=":material/visibility_off:")
+
+
+def headline(df: pd.DataFrame, run: dict[str, Any]) -> None:
+    last, tail = df.iloc[-1], df.tail(20)
+    evals = df["eval_loss"].dropna() if "eval_loss" in df else pd.Series(dtype=float)
+    seconds = tail["step_seconds"].sum()
+    cols = st.columns(7)
+    cols[0].metric("Step", f"{int(last['step'])}", help=f"of {run['total_steps']}")
+    cols[1].metric("Train loss", f"{last['loss']:.4f}")
+    cols[2].metric("Eval loss", f"{evals.iloc[-1]:.4f}" if len(evals) else "-")
+    cols[3].metric("Tokens/s", f"{tail['tokens'].sum() / seconds:,.0f}" if seconds else "-")
+    cols[4].metric("Step time", f"{tail['step_seconds'].mean() * 1e3:.1f} ms")
+    sources = series.columns(df, "joules_")
+    if sources:
+        joules = df[sources[0]].dropna().iloc[-1]
+        kind = "measured" if sources[0].removeprefix("joules_") in series.MEASURED \
+            else "estimate"
+        cols[5].metric(f"Energy ({kind})", f"{joules:,.1f} J",
+                       help=series.source_note([s.removeprefix("joules_") for s in sources]))
+    else:
+        cols[5].metric("Energy", "-", help="not reported by this run")
+    version = last.get("policy_version")
+    cols[6].metric("Policy version", int(run["policy_version"] if pd.isna(version) else version))
+
+
+def loss(b: pd.DataFrame, df: pd.DataFrame, marks: pd.DataFrame) -> None:
+    train = series.long(b, ["loss"]).replace({"series": {"loss": "train"}})
+    evals = series.long(df[df["eval_loss"].notna()], ["eval_loss"]).replace(
+        {"series": {"eval_loss": "eval"}}) if "eval_loss" in df else pd.DataFrame()
+    left, right = st.columns(2)
+    _show(left, charts.loss(train, evals, "step", marks), "loss vs step", marks)
+    _show(right, charts.loss(train, evals, "elapsed", marks), "loss vs wall-clock", marks)
+
+
+def time_split(b: pd.DataFrame, marks: pd.DataFrame) -> None:
+    left, right = st.columns(2)
+    phases, idle = series.columns(b, "phase_"), series.columns(b, "idle_")
+    ms = b.assign(**{c: b[c] * 1e3 for c in phases + idle})
+    for col, cols, prefix, title in (
+            (left, phases, "phase_", "step time by phase (compute, waits excluded)"),
+            (right, idle, "idle_", "device idle by cause")):
+        with col:
+            if cols:
+                _show(st, charts.stacked(series.long(ms, cols, prefix), "step", title=title,
+                                         y_title="ms per step", marks=marks), title, marks)
+            else:
+                _absent(title.capitalize(), "Telemetry is off for this run.")
+
+
+def energy(b: pd.DataFrame, marks: pd.DataFrame) -> None:
+    e = series.energy(b)
+    if e.empty:
+        _absent("Energy", "No measured source (NVML, RAPL) here and the estimate is off; "
+                          "set telemetry.model_cpu_watts for an estimate.")
+        return
+    sources = sorted(e["source"].unique())
+    st.caption(series.source_note(sources) + ". An estimate is CPU seconds x configured watts.")
+    e = e.assign(series=e["source"] + " (" + e["kind"] + ")")
+    cols = st.columns(3)
+    for col, (field, title, unit) in zip(cols, (("watts", "power", "W"),
+                                                 ("joules", "cumulative energy", "J"),
+                                                 ("joules_per_token", "energy per token",
+                                                  "J/token")), strict=True):
+        data = e[["step", "elapsed", "series", field]].rename(columns={field: "value"})
+        _show(col, charts.lines(data.dropna(), "step", title=title, y_title=unit,
+                                marks=marks), title, marks)
+
+
+def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any]) -> None:
+    used = series.columns(b, "tier_")
+    if not used:
+        _absent("Tier occupancy", "The tier store reports it once optimizer state is tiered.")
+        return
+    caps = {c.removeprefix("cap_"): b[c].dropna().iloc[-1] for c in series.columns(b, "cap_")}
+    for tier in ("device", "host"):
+        if tier not in caps and policy.get(f"{tier}_budget_bytes"):
+            caps[tier] = policy[f"{tier}_budget_bytes"]
+    cap_df = pd.DataFrame({"series": list(caps), "value": list(caps.values())})
+    title = "optimizer state by tier (dashed: capacity)"
+    _show(st, charts.stacked(series.long(b, used, "tier_"), "step", title=title,
+                             y_title="bytes", marks=marks, caps=cap_df), title, marks)
+
+
+def staleness(b: pd.DataFrame, marks: pd.DataFrame, history: list, policy: dict[str, Any],
+              histogram: pd.DataFrame | None) -> None:
+    if "staleness_max" not in b or not b["staleness_max"].notna().any():
+        _absent("Staleness", "Only second-order optimizers with a refresh engine report it.")
+        return
+    if "staleness_bound" in b and b["staleness_bound"].notna().any():
+        bound = b["staleness_bound"]
+    else:
+        bound = series.bound_by_step(history, policy["staleness_bound"], b["step"])
+    data = b.assign(bound=bound)
+    left, right = st.columns(2)
+    title = "staleness max vs bound (dashed)"
+    _show(left, charts.lines(series.long(data, ["staleness_max"]), "step", title=title,
+                             y_title="steps", marks=marks,
+                             step_lines=series.long(data, ["bound"])), title, marks)
+    with right:
+        if histogram is not None and not histogram.empty:
+            _show(st, charts.staleness_histogram(histogram, policy["staleness_bound"]),
+                  "staleness distribution against the bound", None)
+        else:
+            st.caption("Staleness distribution: read from /metrics while the run is active.")
+
+
+def refresh(b: pd.DataFrame, marks: pd.DataFrame) -> None:
+    left, right = st.columns(2)
+    for col, (field, title, unit) in zip((left, right), (
+            ("queue_depth", "refresh queue depth", "refreshes queued or running"),
+            ("background_load", "background load (refresh workers busy)", "share 0-1")),
+            strict=True):
+        with col:
+            if field in b and b[field].notna().any():
+                _show(st, charts.lines(series.long(b, [field]), "step", title=title,
+                                       y_title=unit, marks=marks), title, marks)
+            else:
+                _absent(title.capitalize(), "The refresh engine reports it.")
