@@ -1,0 +1,208 @@
+"""`asteria start`: the control plane (training the default run) and the dashboard, together.
+
+    asteria start                                   # control plane :8000, dashboard :8501
+    ASTERIA_PORT=8100 ASTERIA_DASHBOARD_PORT=8600 asteria start --train.steps 2000
+
+Two child processes, each in a session of its own so that a terminal's Ctrl-C reaches only this
+launcher, which then stops them in order:
+
+    python -m asteria_core.cli serve --config <data_dir>/start-config.toml --host H --port P ...
+    python -m streamlit run dashboard/app.py --server.headless true --server.address 127.0.0.1 ...
+
+It waits until both answer, prints both URLs, and on SIGINT or SIGTERM stops the dashboard and
+the control plane (which stops the run at a step boundary and keeps a checkpoint); a child that
+has not exited after its grace period, or after a second Ctrl-C, is killed with its process
+group. If either child dies, the other is stopped too and the exit status is 1. On Linux each
+child also gets SIGTERM if the launcher itself dies, so no process outlives it.
+
+Settings come from the environment like the control plane's (ASTERIA_HOST, ASTERIA_PORT,
+ASTERIA_DATA_DIR, ASTERIA_TOKEN), plus ASTERIA_DASHBOARD_PORT (default 8501).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from asteria_core.cli import to_toml
+from asteria_core.train.config import RunConfig
+from backend.settings import Settings
+
+DASHBOARD_PORT = 8501
+READY_SECONDS = 180.0
+GRACE_SECONDS = {"dashboard": 10.0, "control plane": 90.0}
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _dashboard_script() -> Path:
+    spec = importlib.util.find_spec("dashboard")  # locates the package without importing it
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the dashboard package is not installed next to asteria")
+    return Path(spec.origin).parent / "app.py"
+
+
+class Child:
+    """A child process in its own session, stoppable with its whole process group."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path,
+                 log: Path | None = None) -> None:
+        self.name = name
+        self.log = log
+        out = log.open("w") if log else None
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=out,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=preexec)
+        if out:
+            out.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace: float, hurry: threading.Event) -> None:
+        """SIGTERM, wait up to `grace` s (less if `hurry` is set), then SIGKILL the group."""
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline and not hurry.is_set():
+            time.sleep(0.1)
+        self.signal(signal.SIGKILL)  # also reaps any grandchild left in the group
+        self.proc.wait()
+
+    def tail(self, lines: int = 15) -> str:
+        if self.log is None or not self.log.is_file():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _wait_ready(child: Child, url: str, ok: Callable[[httpx.Response], bool],
+                stop: threading.Event) -> bool:
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline and not stop.is_set():
+        if not child.alive():
+            return False
+        try:
+            if ok(httpx.get(url, timeout=2.0)):
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def start(config: RunConfig, settings: Settings | None = None,
+          dashboard_port: int | None = None) -> int:
+    """Run the stack until SIGINT/SIGTERM or until a child dies; returns the exit status."""
+    settings = settings or Settings()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per readiness poll
+    port = dashboard_port or int(os.environ.get("ASTERIA_DASHBOARD_PORT", DASHBOARD_PORT))
+    for what, host, p, var in (("control plane", settings.host, settings.port, "ASTERIA_PORT"),
+                               ("dashboard", "127.0.0.1", port, "ASTERIA_DASHBOARD_PORT")):
+        if not _port_free(host, p):
+            print(f"asteria: port {p} for the {what} is in use; set {var} to a free port",
+                  file=sys.stderr)
+            return 1
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config_path = data_dir / "start-config.toml"
+    config_path.write_text(to_toml(config))
+    api_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    api = f"http://{api_host}:{settings.port}"
+    ui = f"http://127.0.0.1:{port}"
+
+    stop, hurry = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    children: list[Child] = []
+    try:
+        return _run(settings, config_path, data_dir, api, ui, port, children, stop)
+    finally:
+        if children:
+            print("asteria: stopping the dashboard and the control plane (the run stops at "
+                  "its next step boundary and keeps a checkpoint)...", flush=True)
+        for child in reversed(children):
+            child.stop(GRACE_SECONDS[child.name], hurry)
+        if children:
+            print("asteria: stopped", flush=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: str, port: int,
+         children: list[Child], stop: threading.Event) -> int:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cwd = _dashboard_script().parent.parent
+    serve = Child("control plane", [sys.executable, "-m", "asteria_core.cli", "serve",
+                                    "--config", str(config_path), "--host", settings.host,
+                                    "--port", str(settings.port), "--data-dir", str(data_dir)],
+                  env, cwd)
+    children.append(serve)
+    if not _wait_ready(serve, f"{api}/healthz", lambda r: r.status_code == 200, stop):
+        return _failed(serve, stop)
+    ui_env = dict(env, ASTERIA_URL=api, ASTERIA_DATA_DIR=str(data_dir))
+    if not settings.token:
+        ui_env["ASTERIA_TOKEN_FILE"] = str(settings.token_file or data_dir / "token")
+    dash = Child("dashboard", [sys.executable, "-m", "streamlit", "run",
+                               str(_dashboard_script()), "--server.headless", "true",
+                               "--server.address", "127.0.0.1", "--server.port", str(port),
+                               "--browser.gatherUsageStats", "false",
+                               "--server.fileWatcherType", "none"],
+                 ui_env, cwd, log=data_dir / "dashboard.log")
+    children.append(dash)
+    if not _wait_ready(dash, f"{ui}/_stcore/health", lambda r: r.text.strip() == "ok", stop):
+        return _failed(dash, stop)
+    print(f"asteria: control plane  {api}  (API docs {api}/docs, metrics {api}/metrics)\n"
+          f"asteria: dashboard      {ui}\n"
+          "asteria: Ctrl-C stops both", flush=True)
+    while not stop.is_set():
+        for child in children:
+            if not child.alive():
+                return _failed(child, stop)
+        stop.wait(0.5)
+    return 0
+
+
+def _failed(child: Child, stop: threading.Event) -> int:
+    if stop.is_set():
+        return 0  # asked to stop while starting
+    state = "did not become ready" if child.alive() else \
+        f"exited with status {child.proc.returncode}"
+    print(f"asteria: the {child.name} {state}.", file=sys.stderr)
+    tail = child.tail()
+    if tail:
+        print(f"asteria: last lines of {child.log}:\n{tail}", file=sys.stderr)
+    return 1
