@@ -165,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         case "config":
             print(to_toml(config), end="")
             return 0
-        case "start" | "train":
+        case "start":
+            from backend.launch import start  # here: asteria_core never imports backend at load
+
+            return start(config)
+        case "train":
             return _cmd_train(config, args)
         case "serve":
             return _cmd_serve(config, args)
