@@ -1,0 +1,103 @@
+"""Real parts for dashboard tests and screenshots: a control plane with tiny runs, a
+`streamlit run` of the dashboard, and headless Chromium (Debian's package, via Playwright).
+
+Chromium: when /usr/bin/chromium is missing and we are root on a Debian-like system, it is
+installed with apt-get (once). When it cannot be had the caller skips with the reason, except
+under CI=true, where a missing component fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "dashboard" / "app.py"
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def tiny_run(steps: int, *, eval_interval: int = 50, watts: float = 15.0) -> dict:
+    """A run config of tests/backend/conftest.py's TINY model, with a modelled energy estimate."""
+    from tests.backend.conftest import TINY
+
+    config = copy.deepcopy(TINY)
+    config["train"].update(steps=steps, eval_interval=eval_interval)
+    config["telemetry"] = {"model_cpu_watts": watts}
+    return config
+
+
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    """Poll until predicate() is truthy and return it; fail loudly on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout:.0f} s")
+        time.sleep(interval)
+
+
+def answers(url: str, body: str | None = None) -> bool:
+    try:
+        r = httpx.get(url, timeout=2.0)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and (body is None or r.text.strip() == body)
+
+
+class Dashboard:
+    """`python -m streamlit run dashboard/app.py` on `port`, pointed at a control plane."""
+
+    def __init__(self, port: int, api_url: str, token: str, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        env = dict(os.environ, ASTERIA_URL=api_url, ASTERIA_TOKEN=token)
+        self._out = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+             "--server.address", "127.0.0.1", "--server.port", str(port),
+             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+            cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> Dashboard:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"streamlit exited: {self.log.read_text()[-2000:]}")
+            return answers(f"{self.url}/_stcore/health", "ok")
+        wait_until(ready, 60, 0.2, "streamlit health")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+
+
+def chromium() -> tuple[Path | None, str]:
+    """(path, "") when Chromium is there or could be installed; (None, reason) otherwise."""
+    if CHROMIUM.exists():
+        return CHROMIUM, ""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return None, f"{CHROMIUM} is missing and cannot be installed (needs root and apt-get)"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium",
+                                         "fonts-liberation"]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            return None, f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}"
+    if not CHROMIUM.exists():
+        return None, f"apt-get installed chromium but {CHROMIUM} is still missing"
+    return CHROMIUM, ""

@@ -1,0 +1,140 @@
+"""Each page under AppTest, against a real control plane (no mocked client).
+
+AppTest runs a fragment once per run and never on its timer; the timer is tested in a real
+browser (test_browser.py).
+"""
+
+from __future__ import annotations
+
+import httpx
+from streamlit.testing.v1 import AppTest
+
+from tests.backend.conftest import free_port
+from tests.dashboard.conftest import wait_status
+from tests.dashboard.stack import APP, wait_until
+
+
+def app(run_id: str | None = None, page: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    if run_id is not None:
+        at.session_state["select_run"] = run_id
+    if page is not None:
+        at.switch_page(page)
+    return at.run()
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def charts(at: AppTest) -> list:
+    return at.get("vega_lite_chart")
+
+
+def test_live_page_shows_the_live_run(dashboard_env, live_run):
+    at = app(live_run)
+    assert not at.exception, at.exception
+    assert at.session_state["run_id"] == live_run
+    metrics = {m.label: m.value for m in at.metric}
+    assert int(metrics["Step"]) > 0 and float(metrics["Train loss"]) > 0
+    assert metrics["Energy (estimate)"].endswith(" J")
+    assert "refreshing every 2 s" in texts(at.caption)
+    assert len(charts(at)) >= 7  # loss x2, phases, idle, power, joules, joules/token
+    notes = texts(at.info)
+    assert "**Tier occupancy**: not reported by this run" in notes
+    assert "**Staleness**: not reported by this run" in notes
+
+
+def test_live_page_of_a_finished_run(dashboard_env, finished_run):
+    at = app(finished_run)
+    assert not at.exception, at.exception
+    assert f"Run {finished_run} is **finished**" in texts(at.info)
+    assert "**v2** from step" in texts(at.caption)  # the marker of the audited change
+    assert at.button(key=f"pf_submit_{finished_run}").disabled
+
+
+def test_policy_form_sends_a_patch_and_shows_the_answer(dashboard_env, http, live_run):
+    at = app(live_run, "views/policy.py")
+    version = http.get(f"/runs/{live_run}/policy").json()["version"]
+    at.number_input(key=f"pf_staleness_bound_{live_run}_{version}").set_value(7)
+    at.button(key=f"pf_submit_{live_run}").click().run()
+    assert not at.exception, at.exception
+    assert f"policy **version {version + 1}**" in texts(at.success)
+    policy = wait_until(lambda: (p := http.get(f"/runs/{live_run}/policy").json())["version"]
+                        == version + 1 and p, what="policy applied")
+    assert policy["policy"]["staleness_bound"] == 7
+
+
+def test_policy_form_shows_the_validation_error_verbatim(dashboard_env, http, live_run):
+    at = app(live_run, "views/policy.py")
+    before = http.get(f"/runs/{live_run}/policy").json()
+    expected = http.patch(f"/runs/{live_run}/policy",
+                          json={"swap_delay": 5000}).json()["detail"][0]["msg"]
+    at.number_input(key=f"pf_swap_delay_{live_run}_{before['version']}").set_value(5000)
+    at.button(key=f"pf_submit_{live_run}").click().run()
+    assert not at.exception, at.exception
+    error = texts(at.error)
+    assert "rejected the change (422)" in error and f"`swap_delay`: {expected}" in error
+    assert http.get(f"/runs/{live_run}/policy").json()["policy"] == before["policy"]
+
+
+def test_wrong_token_gives_a_banner(dashboard_env, monkeypatch, http, live_run):
+    monkeypatch.setenv("ASTERIA_TOKEN", "wrong-token")
+    at = app(live_run, "views/policy.py")
+    version = http.get(f"/runs/{live_run}/policy").json()["version"]
+    at.number_input(key=f"pf_workers_{live_run}_{version}").set_value(3)
+    at.button(key=f"pf_submit_{live_run}").click().run()
+    assert not at.exception, at.exception
+    assert "**Token refused.**" in texts(at.error)
+    assert http.get(f"/runs/{live_run}/policy").json()["version"] == version
+
+
+def test_unreachable_control_plane_gives_a_banner(dashboard_env, monkeypatch):
+    monkeypatch.setenv("ASTERIA_URL", f"http://127.0.0.1:{free_port()}")
+    for page in (None, "views/runs.py", "views/compare.py"):
+        at = AppTest.from_file(str(APP), default_timeout=60).run()
+        if page:
+            at.switch_page(page).run()
+        assert not at.exception, at.exception
+        assert "**Control plane unreachable.**" in texts(at.error)
+
+
+def test_runs_page_lists_runs_and_sends_commands(dashboard_env, http, live_run, finished_run):
+    at = app(live_run, "views/runs.py")
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert {live_run, finished_run} <= set(table["run"])
+    at.button(key="cmd_pause").click().run()
+    assert "pause: the run pauses" in texts(at.success)
+    wait_status(http, live_run, "paused")
+    at.button(key="cmd_resume").click().run()
+    assert "resume: the run continues" in texts(at.success)
+    wait_status(http, live_run, "running")
+    at.button(key="new_submit").click().run()  # a second active run: 409, as a banner
+    assert not at.exception, at.exception
+    assert "is active; one active run per trainer (409)" in texts(at.error)
+
+
+def test_start_a_run_from_the_form(monkeypatch, fresh_api):
+    monkeypatch.setenv("ASTERIA_URL", fresh_api.url)
+    monkeypatch.setenv("ASTERIA_TOKEN", fresh_api.settings.token)
+    at = app(page="views/runs.py")
+    assert not at.exception, at.exception
+    at.selectbox(key="new_model").set_value("tiny (~30K params)")
+    at.number_input(key="new_steps").set_value(30)
+    at.number_input(key="new_watts").set_value(10.0)
+    at.button(key="new_submit").click().run()
+    assert not at.exception, at.exception
+    [run] = httpx.get(f"{fresh_api.url}/runs").json()
+    assert run["total_steps"] == 30 and run["config"]["model"]["n_embd"] == 32
+    assert at.session_state["run_id"] == run["id"]  # the new run is selected
+
+
+def test_compare_page_puts_runs_side_by_side(dashboard_env, live_run, finished_run):
+    at = app(live_run, "views/compare.py")
+    assert not at.exception, at.exception
+    assert set(at.multiselect(key="compare_runs").value) == {live_run, finished_run}
+    assert len(charts(at)) == 2  # loss vs wall-clock, loss vs energy
+    table = at.dataframe[0].value
+    assert list(table["energy source"]) == ["model (estimate)"] * 2

@@ -1,0 +1,120 @@
+"""Shaping step records for the charts: bounded buffers, bins, energy, markers, staleness."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from dashboard import series
+
+
+def record(step: int, *, eval_loss=None, extra=None) -> dict:
+    """A step record shaped like GET /runs/{id}/steps answers (docs/metrics.md)."""
+    return {"step": step, "time": 1000.0 + 0.01 * step, "loss": 5.0 - step * 1e-4,
+            "eval_loss": eval_loss, "lr": 1e-3, "tokens": 128, "step_seconds": 0.01,
+            "phase_seconds": {"data": 0.001, "forward": 0.004, "backward": 0.004,
+                              "optimizer": 0.001, "boundary": 0.0},
+            "grad_norm": 1.0, "extra": extra or {}}
+
+
+def test_compact_flattens_telemetry_figures():
+    row = series.compact(record(3, extra={
+        "compute_seconds": {"forward": 0.003}, "idle_seconds": {"data_wait": 0.002},
+        "energy_joules": {"model": 1.5}, "tier_bytes": {"host": 10},
+        "tier_capacity_bytes": {"host": 20}, "staleness_max_steps": 2,
+        "refresh_queue_depth": 1, "refresh_workers_busy_ratio": 0.5, "policy_version": 2}), 256)
+    assert row["tokens_total"] == 384
+    assert row["phase_forward"] == 0.003 and "phase_data" not in row  # waits excluded
+    assert (row["idle_data_wait"], row["joules_model"], row["tier_host"], row["cap_host"]) == \
+        (0.002, 1.5, 10, 20)
+    assert (row["staleness_max"], row["queue_depth"], row["background_load"],
+            row["policy_version"]) == (2, 1, 0.5, 2)
+
+
+def test_buffer_stays_bounded_and_keeps_the_whole_curve():
+    buf = series.StepBuffer(max_rows=600, keep_recent=200)
+    for start in range(0, 50_000, 1000):  # pages as the dashboard fetches them
+        page = [record(s, eval_loss=4.0 if s % 100 == 0 else None)
+                for s in range(start + 1, start + 1001)]
+        buf.extend(page)
+        assert len(buf.rows) <= 600 and len(buf.evals) <= 150
+    assert buf.last_step == 50_000 and buf.tokens_total == 50_000 * 128
+    assert buf.rows[0]["step"] == 1  # the start of the run survives thinning
+    assert [r["step"] for r in buf.rows[-200:]] == list(range(49_801, 50_001))  # recent: full
+    assert buf.extend([record(10)]) == 0  # an old record is not added twice
+
+
+def test_buffer_rejects_a_bad_shape():
+    with pytest.raises(ValueError, match="keep_recent"):
+        series.StepBuffer(max_rows=10, keep_recent=10)
+
+
+def test_frame_binned_and_energy():
+    buf = series.StepBuffer()
+    buf.extend([record(s, eval_loss=3.0 if s % 500 == 0 else None,
+                       extra={"energy_joules": {"model": 0.5 * s}}) for s in range(1, 3001)])
+    df = series.frame(buf)
+    assert df["elapsed"].iloc[0] == pytest.approx(0.01)
+    b = series.binned(df, 300)
+    assert len(b) <= 300 and b["step"].iloc[-1] == 3000
+    assert b["joules_model"].iloc[-1] == pytest.approx(1500.0)  # cumulative: last, not mean
+    e = series.energy(b)
+    assert set(e["kind"]) == {"estimate"} and set(e["source"]) == {"model"}
+    assert e["watts"].dropna().median() == pytest.approx(50.0)  # 0.5 J per 0.01 s
+    assert e["joules_per_token"].iloc[-1] == pytest.approx(1500.0 / (3000 * 128))
+    assert series.source_note(["rapl", "model"]) == \
+        "energy source: rapl (measured), model (estimate)"
+
+
+def test_markers_and_bound_follow_the_audit():
+    buf = series.StepBuffer()
+    buf.extend([record(s) for s in range(1, 101)])
+    df = series.frame(buf)
+    history = [{"version": 3, "effective_step": 60, "diff": {"staleness_bound": [4, 2]},
+                "applied_at": 1000.6},
+               {"version": 2, "effective_step": 20, "diff": {"staleness_bound": [10, 4],
+                                                            "workers": [1, 2]},
+                "applied_at": 1000.2}]
+    marks = series.markers(history, df)
+    assert list(marks["label"]) == ["v2", "v3"] and list(marks["step"]) == [20, 60]
+    assert marks["text"].iloc[0] == "staleness_bound 10 -> 4, workers 1 -> 2"
+    assert marks["elapsed"].iloc[0] == pytest.approx(df.loc[df.step == 20, "elapsed"].item())
+    bound = series.bound_by_step(history, 2, df["step"])
+    assert (bound[df.step < 20] == 10).all() and (bound[(df.step >= 20) & (df.step < 60)] == 4
+                                                  ).all() and (bound[df.step >= 60] == 2).all()
+    assert series.markers([], df).empty
+
+
+def test_staleness_histogram_from_a_real_exposition():
+    registry = CollectorRegistry()
+    h = Histogram("asteria_preconditioner_staleness_steps", "staleness", registry=registry,
+                  buckets=(0, 1, 2, 4))
+    assert series.staleness_histogram(generate_latest(registry).decode()).empty
+    for value in (0, 1, 1, 3, 9):
+        h.observe(value)
+    hist = series.staleness_histogram(generate_latest(registry).decode())
+    assert list(hist["staleness"]) == ["<= 0", "<= 1", "<= 2", "<= 4", "inf"]
+    assert list(hist["observations"]) == [1, 2, 0, 1, 1]
+
+
+def test_real_records_from_a_finished_run(http, finished_run):
+    buf = series.StepBuffer()
+    buf.extend(http.get(f"/runs/{finished_run}/steps").json()["steps"])
+    df = series.frame(buf)
+    assert len(df) == 120 and df["eval_loss"].notna().sum() >= 2
+    assert series.columns(df, "phase_") and series.columns(df, "idle_")
+    assert series.columns(df, "joules_") == ["joules_model"]
+    marks = series.markers(http.get(f"/runs/{finished_run}/policy/history").json(), df)
+    assert list(marks["label"]) == ["v2"]
+    assert isinstance(series.long(df, series.columns(df, "idle_"), "idle_"), pd.DataFrame)
+
+
+def test_power_is_taken_between_meter_readings():
+    # The meter is read every 10 steps (0.1 s); 5 J per reading is 50 W, not spikes of 500 W.
+    buf = series.StepBuffer()
+    buf.extend([record(s, extra={"energy_joules": {"rapl": 5.0 * (s // 10)}})
+                for s in range(1, 201)])
+    e = series.energy(series.frame(buf))
+    assert set(e["kind"]) == {"measured"}
+    assert e["watts"].dropna().to_numpy()[1:] == pytest.approx(50.0)  # [0]: from step 1
