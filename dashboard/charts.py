@@ -106,7 +106,7 @@ def staleness_histogram(data: pd.DataFrame, bound: int) -> alt.Chart:
 def compare(data: pd.DataFrame, x: str, *, title: str,
             marks: pd.DataFrame | None = None) -> alt.LayerChart:
     """Loss of several runs (`run` column) against `x`; markers coloured by run."""
-    color = alt.Color("run:N", legend=_legend())
+    color = alt.Color("run:N", legend=_legend(), scale=alt.Scale(scheme="tableau10"))
     layers = [alt.Chart(data).mark_line().encode(
         x=_x(x), y=alt.Y("loss:Q", title="loss", scale=alt.Scale(zero=False)), color=color,
         tooltip=["run:N", "step:Q", alt.Tooltip("loss:Q", format=".4f"),

@@ -35,7 +35,7 @@ def one_run(run_id: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
         return df, pd.DataFrame(), {"run": label(run_id), "steps": 0}
     sources = [s.removeprefix("joules_") for s in series.columns(df, "joules_")]
     source = next((s for s in series.MEASURED if s in sources), sources[0] if sources else None)
-    b = series.binned(df, 300)
+    b = series.binned(df, 150)
     b = b.assign(run=label(run_id), joules=b[f"joules_{source}"] if source else None)
     marks = series.markers(state.history(base, run_id), df).assign(run=label(run_id))
     evals = df["eval_loss"].dropna() if "eval_loss" in df else pd.Series(dtype=float)
@@ -65,7 +65,9 @@ def comparison() -> None:
         left.altair_chart(charts.compare(data, "elapsed", title="loss vs wall-clock",
                                          marks=marks), width="stretch")
         with right:
-            energy = data.dropna(subset=["joules"])
+            # one point per meter reading: energy moves in steps of the poll interval
+            energy = data.dropna(subset=["joules"]).groupby(["run", "joules"], as_index=False)\
+                .agg(loss=("loss", "mean"), step=("step", "max"))
             if energy.empty:
                 st.info("**Loss vs energy**: no picked run reports energy (no measured source "
                         "here, estimate off).", icon=":material/visibility_off:")
