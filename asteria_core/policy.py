@@ -19,6 +19,7 @@ from typing import Any
 
 SWAP_MODES = ("deterministic", "opportunistic")
 PRIORITIES = ("stale_then_cost", "fifo")
+WORKER_KINDS = ("thread", "process")
 OFFLOAD_MODES = ("none", "host", "disk", "auto")
 
 
@@ -46,6 +47,10 @@ class Policy:
     """Host refresh workers; 0 computes refreshes inline (the native reference)."""
     worker_threads: int = 1
     """torch intra-op threads per refresh worker."""
+    worker_kind: str = "thread"
+    """thread | process: where refreshes run (processes can be killed when one hangs)."""
+    refresh_timeout_ms: int = 30_000
+    """How long a step waits at the bound for a late refresh before computing it inline."""
     priority: str = "stale_then_cost"
     """Refresh queue order: stale_then_cost (most stale, then most expensive) | fifo."""
     failure_limit: int = 3
@@ -67,6 +72,8 @@ class Policy:
         _int_range("workers", self.workers, 0, 256)
         _int_range("worker_threads", self.worker_threads, 1, 256)
         _choice("priority", self.priority, PRIORITIES)
+        _choice("worker_kind", self.worker_kind, WORKER_KINDS)
+        _int_range("refresh_timeout_ms", self.refresh_timeout_ms, 1, 86_400_000)
         _int_range("failure_limit", self.failure_limit, 1, 1_000_000)
         _int_range("device_budget_bytes", self.device_budget_bytes, 0, 2**53)
         _int_range("host_budget_bytes", self.host_budget_bytes, 0, 2**53)

@@ -48,7 +48,6 @@ class ActiveRun:
     trainer: Trainer | None = None
     thread: threading.Thread | None = None
     paused: bool = False
-    version_in_step: int = 1
 
 
 class RunManager:
@@ -88,7 +87,7 @@ class RunManager:
             config, train=dataclasses.replace(config.train, out_dir=str(self.runs_dir)))
         with self._lock:
             self._check_idle()
-            active = ActiveRun(run_id, config, LivePolicy(policy or Policy()))
+            active = ActiveRun(run_id, config, LivePolicy(policy or config.policy))
             self.store.create_run(run_id, config_to_dict(config), str(self.runs_dir / run_id),
                                   config.train.steps)
             self.store.set_policy(run_id, active.policy.current.to_dict(), active.policy.version)
@@ -159,9 +158,9 @@ class RunManager:
     def _train(self, active: ActiveRun) -> None:
         status, error = "failed", None
         try:
-            trainer = Trainer(active.config, run_id=active.run_id)
+            active.policy.add_listener(lambda change: self._on_policy(active, change))
+            trainer = Trainer(active.config, run_id=active.run_id, policy=active.policy)
             active.trainer = trainer
-            trainer.boundary_hooks.insert(0, lambda step: self._apply_policy(active, step))
             trainer.between_steps_hooks.append(lambda step: self._drain(active))
             trainer.record_sinks.append(lambda record: self._on_record(active, record))
             trainer.checkpoint_sinks.append(
@@ -181,18 +180,14 @@ class RunManager:
             self.events.publish(Event("status", active.run_id, {"status": status,
                                                                 "error": error}))
 
-    def _apply_policy(self, active: ActiveRun, step: int) -> None:
-        active.version_in_step = active.policy.version
-        for change in active.policy.apply_pending(step):
-            data = dataclasses.asdict(change)
-            self.store.add_policy_change(active.run_id, data)
-            self.events.publish(Event("policy", active.run_id, data))
-        if active.policy.version != active.version_in_step:
-            self.store.set_policy(active.run_id, active.policy.current.to_dict(),
-                                  active.policy.version)
+    def _on_policy(self, active: ActiveRun, change: PolicyChange) -> None:
+        """A change took effect at a step boundary: audit it and tell live clients."""
+        data = dataclasses.asdict(change)
+        self.store.add_policy_change(active.run_id, data)
+        self.store.set_policy(active.run_id, active.policy.current.to_dict(), change.version)
+        self.events.publish(Event("policy", active.run_id, data))
 
     def _on_record(self, active: ActiveRun, record: StepRecord) -> None:
-        record.extra["policy_version"] = active.version_in_step
         data = record.to_dict()
         self.store.add_step(active.run_id, data)
         self.events.publish(Event("step", active.run_id, data))

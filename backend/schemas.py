@@ -20,6 +20,8 @@ class PolicyUpdate(BaseModel):
     swap_mode: Literal["deterministic", "opportunistic"] | None = None
     workers: int | None = Field(default=None, ge=0, le=256)
     worker_threads: int | None = Field(default=None, ge=1, le=256)
+    worker_kind: Literal["thread", "process"] | None = None
+    refresh_timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
     priority: Literal["stale_then_cost", "fifo"] | None = None
     failure_limit: int | None = Field(default=None, ge=1, le=1_000_000)
     device_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)

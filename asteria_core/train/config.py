@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asteria_core.policy import Policy
+
 
 class ConfigError(ValueError):
     """A config value a user wrote is wrong; the message names the key and what is allowed."""
@@ -100,14 +102,16 @@ class OptimConfig:
     """Linear warmup from 0 to lr over this many steps."""
     min_lr_ratio: float = 0.1
     """Cosine decay ends at lr * min_lr_ratio at the last step."""
-    precondition_frequency: int = 10
-    """Steps between preconditioner refreshes (second-order optimizers)."""
     shampoo_beta: float = -1.0
     """Factor EMA decay; -1 means use betas[1] (the SOAP reference's rule)."""
     max_precond_dim: int = 10000
     """Dimensions larger than this are not preconditioned (identity), as in the SOAP reference."""
     precond_block_size: int = 1024
     """Largest factor side; larger dimensions are split into blocks of this size."""
+    refresh_method: str = "power_qr"
+    """SOAP/KL-Shampoo basis refresh: power_qr (the references: one power step + QR) | eigh."""
+    moment_swap: str = "reference"
+    """Second moment at a basis swap: reference (permute, as SOAP does) | transport."""
 
     def __post_init__(self) -> None:
         _one_of("optim.name", self.name, OPTIMIZERS)
@@ -122,11 +126,12 @@ class OptimConfig:
         _finite_in("optim.grad_clip", self.grad_clip, 0.0, 1e6)
         _non_negative_int("optim.warmup_steps", self.warmup_steps)
         _finite_in("optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        _positive_int("optim.precondition_frequency", self.precondition_frequency)
         _check(self.shampoo_beta == -1.0 or 0.0 <= self.shampoo_beta < 1.0,
                "optim.shampoo_beta", self.shampoo_beta, "-1 (use betas[1]) or a number in [0, 1)")
         _positive_int("optim.max_precond_dim", self.max_precond_dim)
         _positive_int("optim.precond_block_size", self.precond_block_size)
+        _one_of("optim.refresh_method", self.refresh_method, ("power_qr", "eigh"))
+        _one_of("optim.moment_swap", self.moment_swap, ("reference", "transport"))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -241,4 +246,6 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    policy: Policy = field(default_factory=Policy)
+    """The live policy a run starts with (refresh interval, staleness bound, workers, ...)."""
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)

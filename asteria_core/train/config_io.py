@@ -14,6 +14,7 @@ from typing import Any
 import tomllib
 import yaml
 
+from asteria_core.policy import PolicyError
 from asteria_core.train.config import ConfigError, RunConfig
 
 
@@ -143,8 +144,12 @@ def build_config(*layers: dict[str, dict[str, Any]]) -> RunConfig:
     for layer in layers:
         for section, values in layer.items():
             merged.setdefault(section, {}).update(values)
-    sections = _sections()
-    built = {name: cls(**merged.get(name, {})) for name, cls in sections.items()}
+    built = {}
+    for name, cls in _sections().items():
+        try:
+            built[name] = cls(**merged.get(name, {}))
+        except PolicyError as err:  # policy fields name themselves without the section
+            raise ConfigError(f"{name}.{err}") from err
     return RunConfig(**built)
 
 

@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.refresh import RefreshEngine
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.config import RunConfig
@@ -72,7 +75,8 @@ class Trainer:
     """Builds a run from a `RunConfig` (or resumes one from its checkpoint) and trains it."""
 
     def __init__(self, config: RunConfig, *, run_id: str | None = None,
-                 jsonl: bool = True, reporter: RunReporter | None = None) -> None:
+                 jsonl: bool = True, reporter: RunReporter | None = None,
+                 policy: LivePolicy | None = None) -> None:
         resume = ckpt.load(config.train.resume) if config.train.resume else None
         if resume is not None:
             # The architecture comes from the checkpoint; the schedule and paths from `config`.
@@ -94,7 +98,11 @@ class Trainer:
         self.eval_batches = fixed_eval_batches(val_tokens, config.model.block_size,
                                                config.data.batch_size, config.train.eval_batches)
         self.model = GPT(config.model).to(self.device)
-        self.optimizer = build_optimizer(config.optim, self.model)
+        if policy is None and resume is not None and "policy" in resume:
+            policy = LivePolicy(Policy(**resume["policy"]["current"]),
+                                version=resume["policy"]["version"], start_step=resume["step"])
+        self.policy = policy or LivePolicy(config.policy)
+        self.optimizer = build_optimizer(config.optim, self.model, self.policy.current)
         self.scheduler = build_scheduler(self.optimizer, config.optim.warmup_steps,
                                          config.train.steps, config.optim.min_lr_ratio)
         self.timer = PhaseTimer(self.device)
@@ -107,6 +115,11 @@ class Trainer:
                                       else make_reporter(config.telemetry))
         self.telemetry = None if isinstance(self.reporter, NullReporter) else self.reporter
         self.reporter.attach(self)
+        self.reporter.set_policy_version(self.policy.version)
+        # Second-order optimizers refresh off the critical path, steered by the live policy.
+        self.refresh: RefreshEngine | None = None
+        if isinstance(self.optimizer, BlockPreconditioner):
+            self.refresh = RefreshEngine(self.optimizer, self.policy, self.reporter)
         # Run between steps, outside any step's timing: commands such as pause or checkpoint.
         self.between_steps_hooks: list[BoundaryHook] = []
         self.checkpoint_sinks: list[CheckpointSink] = []
@@ -130,10 +143,13 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "data": self.loader.state_dict(),
             "rng": ckpt.rng_state(),
+            "policy": {"current": self.policy.current.to_dict(), "version": self.policy.version},
         }
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
         path = path or self.run_dir / ckpt.CHECKPOINT_NAME
+        if self.refresh is not None:
+            self.refresh.settle()  # outstanding refreshes go into the optimizer's state
         ckpt.save_atomic(self.checkpoint_state(), path)
         for sink in self.checkpoint_sinks:
             sink(self.step, path)
@@ -149,6 +165,8 @@ class Trainer:
 
     def close(self) -> None:
         """Release files and meters held by the run; the trainer can not train after this."""
+        if self.refresh is not None:
+            self.refresh.close()
         self.reporter.close()
         if self._jsonl is not None:
             self._jsonl.close()
@@ -197,13 +215,21 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         with timer.phase("boundary"):
+            version_in_step = self.policy.version
+            if self.policy.apply_pending(self.step):
+                self.reporter.set_policy_version(self.policy.version)
+            if self.refresh is not None:
+                self.refresh.on_boundary(self.step)
             for hook in self.boundary_hooks:
                 hook(self.step)
         phases, wall = timer.finish()
+        extra = {"policy_version": version_in_step}
+        if self.refresh is not None:
+            extra.update(self.refresh.last)
         return StepRecord(
             step=self.step, time=time.time(), loss=loss.item(),  # sync point: per-step record
             lr=lr, tokens=x.numel(), step_seconds=wall, phase_seconds=phases,
-            grad_norm=None if grad_norm is None else grad_norm.item(),
+            grad_norm=None if grad_norm is None else grad_norm.item(), extra=extra,
         )
 
     def _due_eval(self) -> bool:

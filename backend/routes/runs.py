@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import APIRouter, status
 
-from asteria_core.policy import Policy
 from asteria_core.train.config_io import config_from_dict
 from backend.deps import Client, Manager
 from backend.schemas import CommandAccepted, RunCreate, RunPublic
@@ -23,7 +24,8 @@ COMMAND_DETAIL = {
                         401: {"description": "missing or wrong token"}})
 def create_run(body: RunCreate, manager: Manager, _client: Client) -> RunPublic:
     config = config_from_dict(body.config)  # ConfigError -> 422 naming the key
-    policy = Policy(**body.policy.model_dump(exclude_none=True))  # PolicyError -> 422
+    changes = body.policy.model_dump(exclude_none=True)
+    policy = dataclasses.replace(config.policy, **changes)  # PolicyError -> 422
     return RunPublic.model_validate(manager.start(config, policy))
 
 

@@ -24,8 +24,9 @@ def test_patch_mid_run_shows_in_step_records_from_the_reported_step(client, run_
     assert accepted["version"] == 2 and accepted["diff"] == {"staleness_bound": [10, 3],
                                                              "swap_delay": [1, 2]}
     effective = accepted["effective_step"]
-    wait_for(lambda: client.get(f"/runs/{run_id}").json()["step"] >= effective + 5)
-    steps = client.get(f"/runs/{run_id}/steps", params={"limit": 10000}).json()["steps"]
+    # Step records reach the store in batches: wait until they have, not just the trainer.
+    steps = wait_for(lambda: (page := client.get(f"/runs/{run_id}/steps", params={
+        "limit": 10000}).json()["steps"]) and page[-1]["step"] >= effective + 5 and page)
     versions = {s["step"]: s["extra"]["policy_version"] for s in steps}
     assert all(v == 1 for step, v in versions.items() if step < effective)
     assert all(v == 2 for step, v in versions.items() if step >= effective)

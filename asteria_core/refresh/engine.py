@@ -1,0 +1,262 @@
+"""The refresh engine: preconditioner refreshes off the critical path, under bounded staleness.
+
+At each step boundary (after the optimizer update of step t) the engine
+1. swaps in every result whose swap step has come: in deterministic mode a result made from
+   the statistics of step s is swapped in at exactly the boundary of s + d (waiting if late); in
+   opportunistic mode as soon as it is ready. Either way it waits when the next step would
+   otherwise use a basis more than S steps behind a refresh that fell due (the bound);
+2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
+   stale first, then most expensive (d = 0 swaps them at this same boundary);
+3. reports staleness, queue depth, background load, failures and waits.
+
+Staleness of a block, as seen by step u, is u - s when a refresh from step s is outstanding
+(computed or not, not yet swapped in) and 0 otherwise; it never exceeds the bound S in force.
+With `workers = 0` refreshes run inline at the boundary, which is the native reference: with
+the same d it equals the optimizer's own delayed mode bit for bit.
+
+Faults: a refresh that raises or returns non-finite values keeps the previous basis and is
+counted; `failure_limit` consecutive failures of one block stop the run with `RefreshFailed`.
+A refresh still not done `refresh_timeout_ms` after the bound forced a wait is abandoned
+(a process worker is killed) and computed inline, counted as an inline fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.optim.seam import BlockKey, RefreshResult, is_finite, refresh_fn
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.refresh.workers import Job, RefreshFn, make_pool
+from asteria_core.telemetry.reporter import NullReporter, Reporter
+
+log = logging.getLogger(__name__)
+
+
+class RefreshFailed(RuntimeError):
+    """A block's refresh failed `failure_limit` times in a row; the run stops."""
+
+
+@dataclass(eq=False)
+class Outstanding:
+    """A refresh that fell due and is not swapped in yet."""
+
+    key: BlockKey
+    stats_step: int
+    job: Job | None
+    """None for an inline refresh (workers = 0), whose result is already in `result`."""
+    result: RefreshResult | None = None
+    error: str | None = None
+
+
+class RefreshEngine:
+    def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy,
+                 reporter: Reporter | None = None, *, fn: RefreshFn = refresh_fn,
+                 fallback_fn: RefreshFn = refresh_fn) -> None:
+        self.opt = optimizer
+        self.policy = policy
+        self.reporter = reporter or NullReporter()
+        self.fn = fn
+        """Runs each refresh: on the workers, or inline when workers = 0."""
+        self.fallback_fn = fallback_fn
+        """Computes a refresh inline when its worker hung past the timeout."""
+        optimizer.external_refresh = True
+        self.blocks = {b.key: b for b in optimizer.refresh_blocks()}
+        self.outstanding: dict[BlockKey, deque[Outstanding]] = {k: deque() for k in self.blocks}
+        self.failures = 0
+        self.inline_fallbacks = 0
+        self.waited_seconds = 0.0
+        self._consecutive: dict[BlockKey, int] = dict.fromkeys(self.blocks, 0)
+        self._refresh_seconds: dict[BlockKey, float] = {}
+        self._pool = None
+        self._pool_spec: tuple | None = None
+        self._retired: list = []
+        self._last_boundary: float | None = None
+        self._step_seconds = 0.0
+        self.last: dict[str, float | int | None] = {}
+        self._apply_policy(policy.current)
+
+    # ------------------------------------------------------------------ the boundary
+    def on_boundary(self, step: int) -> None:
+        """Run at the boundary after the optimizer update of `step` (optimizer.num_steps)."""
+        now = time.perf_counter()
+        if self._last_boundary is not None:
+            wall = now - self._last_boundary
+            self._step_seconds = wall if not self._step_seconds else \
+                0.9 * self._step_seconds + 0.1 * wall
+        self._last_boundary = now
+        policy = self.policy.current
+        self._apply_policy(policy)
+        t = self.opt.num_steps
+        self._swap_due(t, policy)
+        for key in self.opt.due_blocks():
+            self._start(key, t, policy)
+        self._swap_due(t, policy)  # d = 0: this boundary's own refreshes
+        self._report(t, policy)
+
+    def _apply_policy(self, policy: Policy) -> None:
+        for group in self.opt.param_groups:
+            group["precondition_frequency"] = policy.refresh_interval
+        spec = (policy.workers, policy.worker_kind, policy.worker_threads)
+        if spec == self._pool_spec:
+            return
+        old, self._pool_spec = self._pool, spec
+        self._pool = None if policy.workers == 0 else make_pool(policy.worker_kind,
+                                                                 policy.workers, self.fn,
+                                                                 policy.worker_threads)
+        if old is not None:
+            # Running jobs finish on the old pool; queued ones move to the new one.
+            for item in self._all_outstanding():
+                job = item.job
+                if job is None or job.started_at is not None:
+                    continue
+                old.abandon(job)
+                if self._pool is None:  # now inline: compute it here
+                    item.job = None
+                    self._run_inline(item, job.snapshot, job.config)
+                else:
+                    item.job = Job(job.snapshot, job.config, job.priority)
+                    self._pool.submit(item.job)
+            self._retired.append(old)
+
+    def _start(self, key: BlockKey, t: int, policy: Policy) -> None:
+        snapshot = self.opt.snapshot(key)
+        config = self.opt.refresh_config(key)
+        item = Outstanding(key, t, None)
+        if self._pool is None:
+            self._run_inline(item, snapshot, config)
+        else:
+            # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
+            tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
+                len(self.blocks) and list(self.blocks).index(key)
+            item.job = Job(snapshot, config, priority=(t, tie))
+            self._pool.submit(item.job)
+        self.outstanding[key].append(item)
+
+    def _run_inline(self, item: Outstanding, snapshot, config, fn: RefreshFn | None = None
+                    ) -> None:
+        t0 = time.perf_counter()
+        try:
+            item.result = (fn or self.fn)(snapshot, config)
+        except Exception as err:
+            item.error = f"{type(err).__name__}: {err}"
+        self._refresh_seconds[item.key] = time.perf_counter() - t0
+
+    def _swap_due(self, t: int, policy: Policy) -> None:
+        for queue_ in self.outstanding.values():
+            while queue_:
+                item = queue_[0]
+                must = t >= item.stats_step + min(policy.swap_delay, policy.staleness_bound)
+                if policy.swap_mode == "opportunistic":
+                    ready = item.job is None or item.job.done.is_set()
+                    must = t >= item.stats_step + policy.staleness_bound
+                    if not (ready or must):
+                        break
+                elif not must:
+                    break
+                self._finish(item, policy)
+                queue_.popleft()
+                self._swap(item, policy)
+
+    def _finish(self, item: Outstanding, policy: Policy) -> None:
+        """Make sure `item` has a result or an error, waiting (refresh_wait) if it must."""
+        job = item.job
+        if job is None:
+            return  # computed inline: result or error is already there
+        if not job.done.is_set():
+            t0 = time.perf_counter()
+            with self.reporter.wait("refresh_wait"):
+                finished = job.done.wait(policy.refresh_timeout_ms / 1e3)
+                if not finished:
+                    log.warning("refresh of %s not done %.1f s after the bound; computing it "
+                                "inline", item.key, policy.refresh_timeout_ms / 1e3)
+                    self._abandon(job)
+                    self.inline_fallbacks += 1
+                    self.reporter.inline_fallback()
+                    self._run_inline(item, job.snapshot, job.config, self.fallback_fn)
+            self.waited_seconds += time.perf_counter() - t0
+            if not finished:
+                return
+        item.result, item.error = job.result, job.error
+        self._refresh_seconds[item.key] = job.seconds
+
+    def _abandon(self, job: Job) -> None:
+        for pool in (self._pool, *self._retired):
+            if pool is not None:
+                pool.abandon(job)
+
+    def _swap(self, item: Outstanding, policy: Policy) -> None:
+        ok = item.result is not None and item.error is None and is_finite(item.result)
+        self.reporter.refresh_done(self._refresh_seconds.get(item.key, 0.0), ok=ok)
+        if ok:
+            self.opt.apply_refresh(item.key, item.result)
+            self._consecutive[item.key] = 0
+            return
+        self.failures += 1
+        self._consecutive[item.key] += 1
+        why = (item.error or "non-finite values in the result").strip().splitlines()[-1]
+        log.warning("refresh of block %s from step %d failed (%s); keeping the previous basis",
+                    item.key, item.stats_step, why)
+        if self._consecutive[item.key] >= policy.failure_limit:
+            raise RefreshFailed(f"refresh of block {tuple(item.key)} failed "
+                                f"{self._consecutive[item.key]} times in a row (failure_limit "
+                                f"{policy.failure_limit}); last error: {why}")
+
+    # ------------------------------------------------------------------ figures
+    def staleness(self, t: int) -> dict[BlockKey, int]:
+        """Staleness each block will have in step t + 1 (the next step)."""
+        return {k: (t + 1 - q[0].stats_step) if q else 0 for k, q in self.outstanding.items()}
+
+    def background_load(self, policy: Policy) -> float | None:
+        """Refresh work per interval / worker capacity; above 1 the workers cannot keep up."""
+        if policy.workers == 0 or not self._step_seconds or not self._refresh_seconds:
+            return None
+        work = sum(self._refresh_seconds.get(k, 0.0) for k in self.blocks)
+        return work / (policy.workers * policy.refresh_interval * self._step_seconds)
+
+    def _report(self, t: int, policy: Policy) -> None:
+        stale = list(self.staleness(t).values())
+        depth = sum(1 for item in self._all_outstanding()
+                    if item.job is not None and not item.job.done.is_set())
+        busy = None
+        if self._pool is not None:
+            busy = self._pool.busy() / self._pool.size
+        self.reporter.set_staleness(stale)
+        self.reporter.set_refresh_queue(depth, busy_ratio=busy)
+        self.last = {"staleness_max": max(stale, default=0),
+                     "staleness_bound": policy.staleness_bound,
+                     "refresh_queue_depth": depth,
+                     "background_load": self.background_load(policy),
+                     "refresh_failures": self.failures,
+                     "inline_fallbacks": self.inline_fallbacks}
+
+    def _all_outstanding(self):
+        for queue_ in self.outstanding.values():
+            yield from queue_
+
+    # ------------------------------------------------------------------ checkpoints, shutdown
+    def settle(self) -> None:
+        """Before a checkpoint: finish every outstanding refresh and hand it to the optimizer
+        with its swap step, so the checkpoint holds it and a resumed run swaps it in on time."""
+        policy = self.policy.current
+        for queue_ in self.outstanding.values():
+            while queue_:
+                item = queue_.popleft()
+                self._finish(item, policy)
+                at = item.stats_step + min(policy.swap_delay, policy.staleness_bound)
+                ok = item.result is not None and item.error is None and is_finite(item.result)
+                if ok:
+                    self.opt.schedule_refresh(max(at, self.opt.num_steps + 1), item.result)
+
+    def close(self) -> None:
+        """Join every worker (processes that do not stop are killed)."""
+        left = []
+        for pool in (self._pool, *self._retired):
+            if pool is not None:
+                left += pool.close()
+        self._pool, self._retired, self._pool_spec = None, [], None
+        if left:
+            log.warning("refresh workers still running at shutdown: %s", ", ".join(left))

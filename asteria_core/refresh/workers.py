@@ -1,0 +1,304 @@
+"""Host refresh workers: threads or processes that run the refresh seam off the training thread.
+
+Both pools take jobs through `submit`, in priority order (lower `priority` first), and hand back
+`Job`s whose `done` event is set with a result or an error. Each worker runs one job at a time.
+torch's linear algebra releases the GIL, so threads run eighs beside the training step; processes
+additionally own their intra-op thread count and can be killed when a refresh hangs.
+`benchmarks/bench_refresh.py` measures both.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import multiprocessing as mp
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
+
+RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
+
+
+@dataclass(eq=False)
+class Job:
+    """One refresh of one block; `done` is set when `result` or `error` is filled in."""
+
+    snapshot: FactorSnapshot
+    config: RefreshConfig
+    priority: tuple
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: RefreshResult | None = None
+    error: str | None = None
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def seconds(self) -> float:
+        """Worker time spent on the job (0 until it finished)."""
+        if self.started_at is None or self.finished_at is None:
+            return 0.0
+        return self.finished_at - self.started_at
+
+
+class _PriorityQueue:
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple, int, Job]] = []
+        self._count = itertools.count()
+        self._cv = threading.Condition()
+        self._closed = False
+
+    def put(self, job: Job) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (job.priority, next(self._count), job))
+            self._cv.notify()
+
+    def get(self) -> Job | None:
+        """The most urgent job not cancelled, or None once closed."""
+        with self._cv:
+            while True:
+                while self._heap and self._heap[0][2].cancelled:
+                    heapq.heappop(self._heap)
+                if self._heap:
+                    return heapq.heappop(self._heap)[2]
+                if self._closed:
+                    return None
+                self._cv.wait()
+
+    def __len__(self) -> int:
+        with self._cv:
+            return sum(1 for _, _, job in self._heap if not job.cancelled)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+
+def _run_job(fn: RefreshFn, job: Job) -> None:
+    job.started_at = time.perf_counter()
+    try:
+        job.result = fn(job.snapshot, job.config)
+    except Exception:  # any failure keeps the old basis; the engine counts it
+        job.error = traceback.format_exc(limit=3)
+    job.finished_at = time.perf_counter()
+    job.done.set()
+
+
+class ThreadWorkers:
+    """`n` daemon threads sharing one priority queue."""
+
+    kind = "thread"
+
+    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1) -> None:
+        self._fn = fn
+        self._queue = _PriorityQueue()
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._threads_per_worker = threads_per_worker
+        self._running: dict[str, Job] = {}
+        self._threads = [threading.Thread(target=self._loop, name=f"refresh-worker-{i}",
+                                          daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._threads_per_worker)  # per thread: OpenMP's own setting
+        name = threading.current_thread().name
+        while (job := self._queue.get()) is not None:
+            with self._lock:
+                self._busy += 1
+                self._running[name] = job
+            try:
+                _run_job(self._fn, job)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    del self._running[name]
+
+    def submit(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def abandon(self, job: Job) -> None:
+        """Forget a job (a hung one): a thread cannot be killed, its late result is ignored."""
+        job.cancelled = True
+
+    @property
+    def size(self) -> int:
+        return len(self._threads)
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def close(self, timeout: float = 10.0) -> list[str]:
+        """Stop and join every worker; returns the names of any that did not stop in time.
+
+        A thread stuck in an abandoned (hung) refresh cannot be stopped from Python: it is not
+        waited for, and as a daemon it ends with the process. Process workers avoid this.
+        """
+        self._queue.close()
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            hung = {name for name, job in self._running.items() if job.cancelled}
+        for t in self._threads:
+            if t.name not in hung:
+                t.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self._threads if t.is_alive()]
+
+
+def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    while (item := inbox.get()) is not None:
+        job_id, snapshot, config = item
+        t0 = time.perf_counter()
+        try:
+            outbox.put((job_id, fn(snapshot, config), None, time.perf_counter() - t0))
+        except Exception:
+            outbox.put((job_id, None, traceback.format_exc(limit=3), time.perf_counter() - t0))
+
+
+class _Process:
+    def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, outbox: Any) -> None:
+        self.inbox = ctx.Queue()
+        self.proc = ctx.Process(target=_process_main, args=(self.inbox, outbox, fn, threads),
+                                name=f"refresh-worker-{index}", daemon=True)
+        self.proc.start()
+        self.job: Job | None = None
+
+
+class ProcessWorkers:
+    """`n` worker processes (spawned, so no OpenMP state is forked); one job each at a time.
+
+    A dispatcher thread hands the most urgent queued job to an idle process; a collector thread
+    receives results. A hung job's process is killed and replaced.
+    """
+
+    kind = "process"
+
+    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1) -> None:
+        self._ctx = mp.get_context("spawn")
+        self._fn, self._threads = fn, threads_per_worker
+        self._outbox = self._ctx.Queue()
+        self._queue = _PriorityQueue()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._ids = itertools.count()
+        self._jobs: dict[int, tuple[Job, _Process]] = {}
+        self._procs = [_Process(self._ctx, i, fn, threads_per_worker, self._outbox)
+                       for i in range(n)]
+        self._closing = False
+        self._dispatcher = threading.Thread(target=self._dispatch, name="refresh-dispatch",
+                                            daemon=True)
+        self._collector = threading.Thread(target=self._collect, name="refresh-collect",
+                                           daemon=True)
+        self._dispatcher.start()
+        self._collector.start()
+
+    def _dispatch(self) -> None:
+        while (job := self._queue.get()) is not None:
+            with self._idle:
+                while not self._closing and all(p.job is not None for p in self._procs):
+                    self._idle.wait()
+                if self._closing:
+                    return
+                proc = next(p for p in self._procs if p.job is None)
+                if job.cancelled:
+                    continue
+                job_id = next(self._ids)
+                proc.job = job
+                self._jobs[job_id] = (job, proc)
+                job.started_at = time.perf_counter()
+            proc.inbox.put((job_id, job.snapshot, job.config))
+
+    def _collect(self) -> None:
+        while True:
+            try:
+                item = self._outbox.get(timeout=0.2)
+            except queue.Empty:
+                if self._closing:
+                    return
+                continue
+            job_id, result, error, _seconds = item
+            with self._idle:
+                entry = self._jobs.pop(job_id, None)
+                if entry is None:
+                    continue  # a job abandoned as hung: its process was replaced
+                job, proc = entry
+                proc.job = None
+                self._idle.notify_all()
+            job.result, job.error = result, error
+            job.finished_at = time.perf_counter()
+            job.done.set()
+
+    def submit(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def abandon(self, job: Job) -> None:
+        """Cancel a job; if a process is running it, kill that process and start a new one."""
+        job.cancelled = True
+        with self._idle:
+            for job_id, (j, proc) in list(self._jobs.items()):
+                if j is job:
+                    del self._jobs[job_id]
+                    proc.proc.kill()
+                    proc.proc.join(5)
+                    index = self._procs.index(proc)
+                    self._procs[index] = _Process(self._ctx, index, self._fn, self._threads,
+                                                  self._outbox)
+                    self._idle.notify_all()
+
+    @property
+    def size(self) -> int:
+        return len(self._procs)
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def busy(self) -> int:
+        with self._lock:
+            return sum(1 for p in self._procs if p.job is not None)
+
+    def close(self, timeout: float = 10.0) -> list[str]:
+        with self._idle:
+            self._closing = True
+            self._idle.notify_all()
+        self._queue.close()
+        for p in self._procs:
+            p.inbox.put(None)
+        deadline = time.monotonic() + timeout
+        left = []
+        for p in self._procs:
+            p.proc.join(max(0.0, deadline - time.monotonic()))
+            if p.proc.is_alive():
+                p.proc.kill()  # a hung refresh: processes can be stopped, so none outlives
+                p.proc.join(5)
+            if p.proc.is_alive():
+                left.append(p.proc.name)
+        self._dispatcher.join(5)
+        self._collector.join(5)
+        return left
+
+
+def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int):
+    match kind:
+        case "thread":
+            return ThreadWorkers(n, fn, threads_per_worker)
+        case "process":
+            return ProcessWorkers(n, fn, threads_per_worker)
+        case _:
+            raise NotImplementedError(kind)

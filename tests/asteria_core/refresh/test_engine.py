@@ -1,0 +1,219 @@
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from asteria_core.optim import SOAP, KLShampoo
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.refresh import RefreshEngine, RefreshFailed
+from tests.asteria_core.refresh.faults import RELEASE_HANGS, FaultyRefresh, SlowRefresh
+
+STEPS = 24
+
+
+def _problem(seed: int = 0):
+    """A small two-layer regression; the same data stream for every run with the same seed."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 6))
+    g = torch.Generator().manual_seed(seed + 1)
+    target = torch.randn(12, 6, generator=g)
+    batches = [torch.randn(32, 12, generator=g) for _ in range(STEPS)]
+    return model, [(x, x @ target) for x in batches]
+
+
+def _train(model, opt, batches, on_boundary=None):
+    for x, y in batches:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if on_boundary is not None:
+            on_boundary(opt.num_steps)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _soap(model, **kw):
+    return SOAP(model.parameters(), lr=1e-2, precondition_frequency=3, **kw)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Bit-exactness across threads needs the same intra-op thread count on both sides.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("delay", [0, 1, 2])
+def test_deterministic_async_equals_native_delayed_reference_bit_for_bit(kind, delay):
+    model, batches = _problem()
+    reference = _train(model, _soap(model, refresh_delay=delay), batches)
+
+    model, batches = _problem()
+    opt = _soap(model)
+    policy = LivePolicy(Policy(refresh_interval=3, staleness_bound=2, swap_delay=delay,
+                               workers=1, worker_kind=kind))
+    engine = RefreshEngine(opt, policy)
+    try:
+        asteria = _train(model, opt, batches, engine.on_boundary)
+    finally:
+        engine.close()
+    for a, b in zip(reference, asteria, strict=True):
+        assert torch.equal(a, b)
+    assert engine.failures == 0 and engine.inline_fallbacks == 0
+
+
+def test_kl_shampoo_async_equals_its_delayed_reference():
+    def make(model, **kw):
+        return KLShampoo(model.parameters(), lr=1e-3, precondition_frequency=3, **kw)
+
+    model, batches = _problem(3)
+    reference = _train(model, make(model, refresh_delay=1), batches)
+    model, batches = _problem(3)
+    opt = make(model)
+    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=3, swap_delay=1)))
+    try:
+        asteria = _train(model, opt, batches, engine.on_boundary)
+    finally:
+        engine.close()
+    assert all(torch.equal(a, b) for a, b in zip(reference, asteria, strict=True))
+
+
+def test_slow_worker_staleness_stays_within_bound_and_waits_only_at_swap_steps():
+    model, batches = _problem()
+    opt = _soap(model)
+    bound, delay = 2, 2
+    policy = LivePolicy(Policy(refresh_interval=3, staleness_bound=bound, swap_delay=delay,
+                               workers=1))
+    engine = RefreshEngine(opt, policy, fn=SlowRefresh(0.05))
+    due_at, waited_at, seen = [], [], []
+
+    def boundary(step):
+        before = engine.waited_seconds
+        engine.on_boundary(step)
+        if opt.due_blocks():
+            due_at.append(step)
+        if engine.waited_seconds > before:
+            waited_at.append(step)
+        seen.append(max(engine.staleness(step).values()))
+
+    try:
+        _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    assert max(seen) <= bound and max(seen) == delay
+    # The workers are slower than two steps of this tiny problem, so every swap waited, and
+    # nothing else did: waits happen exactly at the swap steps s + d.
+    assert waited_at == [s + delay for s in due_at if s + delay <= STEPS]
+
+
+@pytest.mark.parametrize("how", ["raise", "nan"])
+def test_failed_refresh_keeps_the_old_basis_counts_and_retries(how):
+    model, batches = _problem()
+    opt = _soap(model)
+    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=3, swap_delay=1)),
+                           fn=FaultyRefresh({4}, how))
+    versions = {}
+
+    def boundary(step):
+        engine.on_boundary(step)
+        versions[step] = {k: opt.basis_version(k) for k in engine.blocks}
+
+    try:
+        _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    n_blocks = len(engine.blocks)
+    # Refreshes fall due at steps 1, 4, 7, ...; every block's refresh from step 4 failed once.
+    assert engine.failures == n_blocks
+    assert versions[5] == versions[4]  # the swap at 4 + 1 kept every old basis
+    assert all(versions[8][k] == versions[5][k] + 1 for k in engine.blocks)  # retried at 7
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_consecutive_failures_stop_the_run_with_a_clear_error():
+    model, batches = _problem()
+    opt = _soap(model)
+    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=3, swap_delay=1,
+                                                  failure_limit=2)),
+                           fn=FaultyRefresh({4, 7, 10}, "raise"))
+    try:
+        with pytest.raises(RefreshFailed, match=r"failed 2 times in a row .*injected"):
+            _train(model, opt, batches, engine.on_boundary)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_hung_worker_does_not_hang_the_run(kind):
+    model, batches = _problem()
+    opt = _soap(model)
+    policy = LivePolicy(Policy(refresh_interval=3, swap_delay=1, workers=1, worker_kind=kind,
+                               refresh_timeout_ms=300))
+    engine = RefreshEngine(opt, policy, fn=FaultyRefresh({4}, "hang"))
+    RELEASE_HANGS.clear()
+    try:
+        _train(model, opt, batches, engine.on_boundary)
+    finally:
+        engine.close()
+        RELEASE_HANGS.set()
+    assert engine.inline_fallbacks >= 1 and engine.failures == 0
+    if kind == "process":
+        import multiprocessing
+
+        assert multiprocessing.active_children() == []  # the hung process was killed
+
+
+def test_policy_change_takes_effect_at_the_next_boundary():
+    model, batches = _problem()
+    opt = _soap(model)
+    policy = LivePolicy(Policy(refresh_interval=3, swap_delay=1))
+    engine = RefreshEngine(opt, policy)
+    due = []
+
+    def boundary(step):
+        version = policy.version
+        policy.apply_pending(step)
+        engine.on_boundary(step)
+        if opt.due_blocks():
+            due.append(step)
+        if step == 10:
+            change = policy.propose({"refresh_interval": 5, "staleness_bound": 1})
+            assert change.effective_step == 12 and version == 1
+
+    try:
+        _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    # SOAP's first step sets the basis up (due at 1), then every 3 steps until the change
+    # applied at the boundary of step 11, then every 5 (of the optimizer's own step count).
+    assert due == [1, 4, 7, 10, 16, 21]
+    assert [c.effective_step for c in policy.history()] == [12]
+    assert all(g["precondition_frequency"] == 5 for g in opt.param_groups)
+
+
+def test_workers_resize_mid_run_without_losing_work_and_shutdown_joins_all():
+    before = set(threading.enumerate())
+    model, batches = _problem()
+    opt = _soap(model)
+    policy = LivePolicy(Policy(refresh_interval=3, swap_delay=2, workers=1))
+    engine = RefreshEngine(opt, policy, fn=SlowRefresh(0.02))
+
+    def boundary(step):
+        policy.apply_pending(step)
+        engine.on_boundary(step)
+        if step == 7:
+            policy.propose({"workers": 2})
+        if step == 13:
+            policy.propose({"workers": 0})
+
+    try:
+        _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    assert engine.failures == 0 and engine.inline_fallbacks == 0
+    assert not [t for t in set(threading.enumerate()) - before
+                if t.name.startswith("refresh-")]
