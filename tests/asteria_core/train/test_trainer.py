@@ -104,3 +104,25 @@ def test_resume_takes_the_architecture_from_the_checkpoint(tiny):
     other = dataclasses.replace(config, model=dataclasses.replace(config.model, n_layer=3))
     resumed = Trainer(_resume_config(other, trainer.run_dir / ckpt.CHECKPOINT_NAME), jsonl=False)
     assert resumed.config.model.n_layer == 2
+
+
+@pytest.mark.parametrize("name", ["soap", "shampoo", "kl_shampoo"])
+def test_second_order_run_resumes_bit_for_bit_with_refreshes_in_flight(tiny, name):
+    """Stop between a refresh and its swap: the checkpoint must carry the pending result."""
+    config = tiny(steps=30, eval_interval=30)
+    lr = {"soap": 3e-3, "shampoo": 1e-3, "kl_shampoo": 1e-3}[name]
+    config = dataclasses.replace(
+        config, optim=dataclasses.replace(config.optim, name=name, lr=lr),
+        policy=dataclasses.replace(config.policy, refresh_interval=4, staleness_bound=3,
+                                   swap_delay=3, workers=1))
+    straight = Trainer(config, run_id="straight", jsonl=False)
+    full = straight.train(progress=False)
+    straight.close()
+    first = Trainer(config, run_id="stopped", jsonl=False)
+    part = first.train(stop_at=15, progress=False)  # refreshes fell due at 13, swap at 16
+    first.close()
+    resumed = Trainer(_resume_config(config, part.run_dir / ckpt.CHECKPOINT_NAME), jsonl=False)
+    rest = resumed.train(progress=False)
+    resumed.close()
+    assert part.train_losses + rest.train_losses == full.train_losses
+    assert straight.refresh.failures == 0 and resumed.refresh.failures == 0
