@@ -10,7 +10,9 @@ reference: refreshes inline at the step boundary, no delay, policy workers = 0) 
 refresh interval. Reports final validation loss per lr, step time (median of non-refresh steps,
 mean, p99, max, median of refresh steps), and the time of one full refresh: refresh_fn over every
 block of the final optimizer state, timed one block at a time. Writes JSON after every run (so a
-partial run keeps its results) and a loss-vs-step PNG at the end.
+partial run keeps its results) and a loss-vs-step PNG at the end. On a shared machine the
+per-run step times drift with the load, so the step-time table comes from a separate pass that
+steps all optimizers in turn (`--timing-steps`, `--timing-only` to redo just that pass).
 """
 
 from __future__ import annotations
@@ -87,6 +89,56 @@ def one_run(name: str, lr: float, args, overrides: list[str], out_dir: str) -> d
     }
 
 
+def interleaved_timing(best: dict[str, dict], args, overrides: list[str], out_dir: str) -> dict:
+    """Step times of every optimizer at its best lr, one step of each in turn.
+
+    On a shared machine the load drifts over a long benchmark; interleaving puts every optimizer
+    under the same drift, so their ratios are comparable even when absolute times are noisy.
+    """
+    trainers, times, refresh = {}, {}, {}
+    for name, run in best.items():
+        config = resolve_config(None, [
+            "--train.steps", str(args.steps), "--train.out_dir", out_dir,
+            "--train.threads", str(args.threads), "--optim.name", name,
+            "--optim.lr", str(run["lr"]), "--policy.workers", "0", "--policy.swap_delay", "0",
+            "--telemetry.enabled", "false", *overrides])
+        trainers[name] = Trainer(config, jsonl=False)
+        times[name], refresh[name] = [], []
+    for _ in range(args.timing_steps):
+        for name, trainer in trainers.items():
+            record = trainer.train_step()
+            due = isinstance(trainer.optimizer, BlockPreconditioner) and \
+                bool(trainer.optimizer.due_blocks())
+            (refresh if due else times)[name].append(record.step_seconds)
+    summary = {}
+    for name, trainer in trainers.items():
+        plain, at_refresh = times[name][5:], refresh[name][1:]  # skip warm-up and first refresh
+        every = plain + at_refresh
+        summary[name] = {
+            "median_plain_ms": 1e3 * statistics.median(plain),
+            "mean_ms": 1e3 * statistics.mean(every), "p99_ms": 1e3 * percentile(every, 0.99),
+            "max_ms": 1e3 * max(every),
+            "median_refresh_step_ms": 1e3 * statistics.median(at_refresh) if at_refresh else None,
+            "full_refresh": time_full_refresh(trainer.optimizer)
+            if isinstance(trainer.optimizer, BlockPreconditioner) else None}
+        trainer.close()
+    return summary
+
+
+def timing_table(timing: dict) -> str:
+    lines = ["| optimizer | step ms median (no refresh) | mean | p99 | max | refresh step ms "
+             "(median) | one full refresh s (blocks, largest b) |", "|" + "---|" * 7]
+    for name, t in timing.items():
+        refresh_ms = "-" if t["median_refresh_step_ms"] is None else \
+            f"{t['median_refresh_step_ms']:.0f}"
+        full = t["full_refresh"]
+        full_s = "-" if full is None else \
+            f"{full['total_s']:.3f} ({full['blocks']}, {full['largest_block']})"
+        lines.append(f"| {name} | {t['median_plain_ms']:.0f} | {t['mean_ms']:.0f} | "
+                     f"{t['p99_ms']:.0f} | {t['max_ms']:.0f} | {refresh_ms} | {full_s} |")
+    return "\n".join(lines)
+
+
 def best_runs(runs: list[dict]) -> dict[str, dict]:
     best: dict[str, dict] = {}
     for run in runs:
@@ -148,26 +200,36 @@ def main() -> None:
     parser.add_argument("--lrs", default=",".join(map(str, DEFAULT_LRS)))
     parser.add_argument("--out", default="benchmarks/results/optimizers.json")
     parser.add_argument("--plot", default="benchmarks/results/optimizers_loss.png")
+    parser.add_argument("--timing-steps", type=int, default=60,
+                        help="interleaved steps per optimizer for the step-time table (0: skip)")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="reuse the runs in --out; only redo the interleaved timing")
     args, overrides = parser.parse_known_args()  # the rest: trainer overrides (--model.n_embd)
     lrs = [float(x) for x in args.lrs.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs: list[dict] = []
+    summary = {"machine": f"{platform.machine()}, {args.threads} torch threads, "
+                          f"torch {torch.__version__}",
+               "steps": args.steps, "overrides": overrides, "lrs": lrs, "runs": []}
+    if args.timing_only:
+        summary = json.loads(out.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.optimizers.split(","):
+        for name in ([] if args.timing_only else args.optimizers.split(",")):
             for lr in lrs:
                 run = one_run(name, lr, args, overrides, tmp)
-                runs.append(run)
+                summary["runs"].append(run)
                 print(f"{name} lr {lr:g}: val {run['final_val_loss']:.4f}, step "
                       f"{run['step_ms']['median_plain']:.0f} ms, {run['wall_s']:.0f} s",
                       flush=True)
-                summary = {"machine": f"{platform.machine()}, {args.threads} torch threads, "
-                                      f"torch {torch.__version__}",
-                           "steps": args.steps, "overrides": overrides, "lrs": lrs,
-                           "runs": runs}
                 out.write_text(json.dumps(summary, indent=1))
-    plot(runs, Path(args.plot))
-    print("\n" + table(runs))
+        if args.timing_steps:
+            summary["interleaved_timing"] = interleaved_timing(best_runs(summary["runs"]), args,
+                                                               overrides, tmp)
+            out.write_text(json.dumps(summary, indent=1))
+    plot(summary["runs"], Path(args.plot))
+    print("\n" + table(summary["runs"]))
+    if "interleaved_timing" in summary:
+        print("\n" + timing_table(summary["interleaved_timing"]))
 
 
 if __name__ == "__main__":
