@@ -70,6 +70,7 @@ def to_toml(config: RunConfig) -> str:
 
 
 def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
+    from asteria_core.refresh import RefreshFailed
     from asteria_core.train.trainer import Trainer
 
     trainer = Trainer(config)
@@ -92,6 +93,10 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
         print(f"\nasteria: interrupted at step {trainer.step}; checkpoint saved in "
               f"{trainer.run_dir}", file=sys.stderr)
         return 130
+    except RefreshFailed as err:
+        print(f"asteria: run stopped at step {trainer.step}: {err}; checkpoint saved in "
+              f"{trainer.run_dir}", file=sys.stderr)
+        return 1
     finally:
         trainer.close()
     if result.eval_losses:
