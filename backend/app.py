@@ -75,9 +75,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _metrics(app: FastAPI) -> tuple[bytes, str]:
-    """The exposition of the active run's telemetry, or of an empty registry between runs."""
-    active = app.state.manager.active()
-    telemetry = getattr(getattr(active, "trainer", None), "telemetry", None)
+    """The exposition of the newest run's telemetry (kept after it ends), or an empty one."""
+    telemetry = app.state.manager.last_telemetry
     if telemetry is not None:
         return telemetry.exposition()
     return generate_latest(CollectorRegistry()), CONTENT_TYPE_LATEST

@@ -57,6 +57,9 @@ class RunManager:
         self.runs_dir = runs_dir
         self._lock = threading.Lock()
         self._active: ActiveRun | None = None
+        self.last_telemetry = None
+        """The telemetry of the newest run, kept after it ends so /metrics keeps its final
+        values (Prometheus and Grafana would otherwise go blank between runs)."""
 
     # ------------------------------------------------------------------ queries
     def active(self) -> ActiveRun | None:
@@ -161,6 +164,7 @@ class RunManager:
             active.policy.add_listener(lambda change: self._on_policy(active, change))
             trainer = Trainer(active.config, run_id=active.run_id, policy=active.policy)
             active.trainer = trainer
+            self.last_telemetry = trainer.telemetry
             trainer.between_steps_hooks.append(lambda step: self._drain(active))
             trainer.record_sinks.append(lambda record: self._on_record(active, record))
             trainer.checkpoint_sinks.append(

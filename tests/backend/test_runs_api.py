@@ -113,3 +113,15 @@ def test_restart_keeps_history(server_factory):
         history = c.get(f"/runs/{run_id}/policy/history").json()
         assert history[0]["diff"] == {"staleness_bound": [10, 4]}
         assert c.get(f"/runs/{run_id}/policy").json()["policy"]["staleness_bound"] == 4
+
+
+def test_metrics_keep_the_last_run_after_it_ends(client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert client.get("/metrics").status_code == 200
+    run_id = _start(client, steps=5)
+    wait_for(lambda: _run(client, run_id)["status"] == "finished")
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert families["asteria_steps"].samples[0].value == 5
+    info = families["asteria_run_info"].samples[0].labels
+    assert info["run_id"] == run_id
