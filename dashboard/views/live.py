@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
 from dashboard import components, panels, series, state
 from dashboard.client import ACTIVE, ApiError
 
-st.title("Live view")
-run_id = state.selected_run()
-if run_id is None:
-    st.info("No run yet: start one on the Runs page.", icon=":material/info:")
-    st.stop()
 
-base = state.url()
-run = state.run(base, run_id)
-components.run_banner(run)
-live = run["status"] in ACTIVE and st.session_state.get("live", True)
-every = st.session_state.get("refresh_s", 2) if live else None
-st.caption(f"Run `{run_id}` · {run['config'].get('optim', {}).get('name', '?')} · "
-           + (f"refreshing every {every} s" if every else "not refreshing (run not active or "
-                                                        "live updates off)"))
-
-
-def staleness_histogram() -> pd.DataFrame | None:
+def staleness_histogram(base: str, run: dict[str, Any]) -> pd.DataFrame | None:
     """The active run's staleness distribution from /metrics; None for a past run."""
     if run["status"] not in ACTIVE:
         return None
@@ -34,38 +21,62 @@ def staleness_histogram() -> pd.DataFrame | None:
         return None
 
 
-@st.fragment(run_every=every)
-def live_panels() -> None:
-    with components.guard():
-        now = state.run(base, run_id)
-        if now["status"] != run["status"]:
-            st.rerun()  # the banner, the timer and the form follow the new status
-        df = series.frame(state.sync(base, run_id))
-        if df.empty:
-            st.info("No step recorded yet; the first records arrive within a second of the "
-                    "run's first step.", icon=":material/hourglass_empty:")
-            return
-        history = state.history(base, run_id)
-        policy = state.policy(base, run_id)["policy"]
-        marks = series.markers(history, df)
-        binned = series.binned(df)
-        panels.headline(df, now)
-        components.markers_note(marks)
-        st.subheader("Loss")
-        panels.loss(binned, df, marks)
-        st.subheader("Where the step time goes")
-        panels.time_split(binned, marks)
-        st.subheader("Energy")
-        panels.energy(binned, marks)
-        st.subheader("Preconditioner staleness")
-        panels.staleness(binned, marks, history, policy, staleness_histogram())
-        st.subheader("Refresh queue and background load")
-        panels.refresh(binned, marks)
-        st.subheader("Optimizer-state tiers")
-        panels.tiers(binned, marks, policy)
+def draw(base: str, run: dict[str, Any]) -> None:
+    """Everything that moves: headline numbers, markers and every chart."""
+    run_id = run["id"]
+    now = state.run(base, run_id)
+    if now["status"] != run["status"]:
+        st.rerun()  # the banner, the timer and the form follow the new status
+    df = series.frame(state.sync(base, run_id))
+    if df.empty:
+        st.info("No step recorded yet; the first records arrive within a second of the "
+                "run's first step.", icon=":material/hourglass_empty:")
+        return
+    history = state.history(base, run_id)
+    policy = state.policy(base, run_id)["policy"]
+    marks = series.markers(history, df)
+    binned = series.binned(df)
+    panels.headline(df, now)
+    components.markers_note(marks)
+    st.subheader("Loss")
+    panels.loss(binned, df, marks)
+    st.subheader("Where the step time goes")
+    panels.time_split(binned, marks)
+    st.subheader("Energy")
+    panels.energy(binned, marks)
+    st.subheader("Preconditioner staleness")
+    panels.staleness(binned, marks, history, policy, staleness_histogram(base, now))
+    st.subheader("Refresh queue and background load")
+    panels.refresh(binned, marks)
+    st.subheader("Optimizer-state tiers")
+    panels.tiers(binned, marks, policy)
 
 
-live_panels()
+def main() -> None:
+    st.title("Live view")
+    run_id = state.selected_run()
+    if run_id is None:
+        st.info("No run yet: start one on the Runs page.", icon=":material/info:")
+        return
+    base = state.url()
+    run = state.run(base, run_id)
+    components.run_banner(run)
+    live = run["status"] in ACTIVE and st.session_state.get("live", True)
+    every = st.session_state.get("refresh_s", 2) if live else None
+    optim = run["config"].get("optim", {}).get("name", "?")
+    st.caption(f"Run `{run_id}` · {optim} · " + (
+        f"refreshing every {every} s" if every else
+        "not refreshing (run not active or live updates off)"))
 
-st.subheader("Tune the policy")
-components.policy_form(run)
+    @st.fragment(run_every=every)
+    def live_panels() -> None:
+        with components.guard():
+            draw(base, run)
+
+    live_panels()
+    st.subheader("Tune the policy")
+    components.policy_form(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,37 +9,41 @@ import streamlit as st
 
 from dashboard import components, state
 
-st.title("Policy")
-run_id = state.selected_run()
-if run_id is None:
-    st.info("No run yet: start one on the Runs page.", icon=":material/info:")
-    st.stop()
-
-base = state.url()
-run = state.run(base, run_id)
-components.run_banner(run)
-
-st.subheader("Change it")
-components.policy_form(run)
-
-pol = state.policy(base, run_id)
-st.subheader(f"In force: version {pol['version']}")
-st.dataframe(pd.DataFrame({"field": list(pol["policy"]),
-                           "value": [str(v) for v in pol["policy"].values()]}),
-             hide_index=True, key="policy_table", width=520)
-
 
 def _when(t: float | None) -> str:
     return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "queued"
 
 
-st.subheader("History")
-history = state.history(base, run_id)
-if not history:
-    st.caption("No change yet: the run trains under the policy it started with.")
-else:
+def main() -> None:
+    st.title("Policy")
+    run_id = state.selected_run()
+    if run_id is None:
+        st.info("No run yet: start one on the Runs page.", icon=":material/info:")
+        return
+    base = state.url()
+    run = state.run(base, run_id)
+    components.run_banner(run)
+
+    st.subheader("Change it")
+    components.policy_form(run)
+
+    pol = state.policy(base, run_id)
+    st.subheader(f"In force: version {pol['version']}")
+    st.dataframe(pd.DataFrame({"field": list(pol["policy"]),
+                               "value": [str(v) for v in pol["policy"].values()]}),
+                 hide_index=True, key="policy_table", width=520)
+
+    st.subheader("History")
+    history = state.history(base, run_id)
+    if not history:
+        st.caption("No change yet: the run trains under the policy it started with.")
+        return
     rows = [{"version": c["version"], "from step": c["effective_step"],
              "change": ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in c["diff"].items()),
              "client": c["client"], "requested": _when(c["requested_at"]),
              "applied": _when(c["applied_at"])} for c in reversed(history)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="policy_history")
+
+
+if __name__ == "__main__":
+    main()

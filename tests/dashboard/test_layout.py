@@ -1,6 +1,6 @@
-"""House style for the dashboard, checked on its sources: page scripts import only the dashboard
-(tests/test_layering.py cannot import them: they are scripts, run by st.navigation), pages stay
-short, and every widget has a key."""
+"""House style for the dashboard, checked on its sources: page scripts name no runtime import
+(tests/test_layering.py checks the same on the loaded modules), pages stay short, and every
+widget has a key."""
 
 from __future__ import annotations
 
