@@ -76,6 +76,7 @@ class RefreshEngine:
         self._retired: list = []
         self._last_boundary: float | None = None
         self._step_seconds = 0.0
+        self._mode = ""
         self.last: dict[str, float | int | None] = {}
         self._apply_policy(policy.current)
 
@@ -224,12 +225,18 @@ class RefreshEngine:
         busy = None
         if self._pool is not None:
             busy = self._pool.busy() / self._pool.size
+        load = self.background_load(policy)
         self.reporter.set_staleness(stale)
         self.reporter.set_refresh_queue(depth, busy_ratio=busy)
+        self.reporter.set_refresh_policy(policy.staleness_bound, load)
+        mode = "native" if policy.workers == 0 else f"async-{policy.swap_mode}"
+        if mode != self._mode:
+            self._mode = mode
+            self.reporter.set_mode(mode)
         self.last = {"staleness_max": max(stale, default=0),
                      "staleness_bound": policy.staleness_bound,
                      "refresh_queue_depth": depth,
-                     "background_load": self.background_load(policy),
+                     "background_load": load,
                      "refresh_failures": self.failures,
                      "inline_fallbacks": self.inline_fallbacks}
 

@@ -153,6 +153,11 @@ class Telemetry:
     def set_policy_version(self, version: int) -> None:
         self._latest["policy_version"] = version
 
+    def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
+        self._latest["staleness_bound_steps"] = staleness_bound
+        if background_load is not None:
+            self._latest["refresh_background_load"] = background_load
+
     def set_mode(self, mode: str) -> None:
         # asteria_run_info is the single series that carries the run id.
         self._exporter.set_run_info(self.run_id, self._optimizer, mode)

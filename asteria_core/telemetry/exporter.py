@@ -35,6 +35,11 @@ RUNTIME_GAUGES = {
     "refresh_workers_busy_ratio": ("asteria_refresh_workers_busy_ratio",
                                    "Share of refresh worker time spent refreshing."),
     "policy_version": ("asteria_policy_version", "Version of the live policy in force."),
+    "staleness_bound_steps": ("asteria_policy_staleness_bound_steps",
+                              "Staleness bound S of the live policy, in steps."),
+    "refresh_background_load": ("asteria_refresh_background_load",
+                                "Refresh work per interval divided by worker capacity; above 1 "
+                                "the workers cannot keep up and staleness climbs to the bound."),
 }
 
 

@@ -76,6 +76,10 @@ class Reporter(Protocol):
         """The refresh mode of the run (the `mode` label of asteria_run_info), e.g. native."""
         ...
 
+    def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
+        """The staleness bound in force, and refresh work per interval / worker capacity."""
+        ...
+
 
 class RunReporter(Reporter, Protocol):
     """A reporter the trainer binds itself to (its step timer, run id and record sinks)."""
@@ -131,6 +135,9 @@ class NullReporter:
         pass
 
     def set_mode(self, mode: str) -> None:
+        pass
+
+    def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
         pass
 
     def attach(self, trainer: Trainer) -> None:

@@ -41,14 +41,12 @@ ABSENT_WHEN = {
     "asteria_tier_bytes": "exported once a tier store reports; no part of the run reports tiers",
     "asteria_tier_capacity_bytes": "exported once a tier store reports tier budgets",
     "asteria_tier_transfer_bytes_total": "exported once a tier transfer is reported",
-    "asteria_policy_staleness_bound_steps": "not exported by telemetry yet: the staleness bound "
-    "S is a policy field with no gauge (see the deploy report)",
     "DCGM_FI_DEV_POWER_USAGE": "dcgm-exporter runs only in the compose profile gpu, on a GPU",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "dcgm-exporter runs only in the compose profile gpu",
 }
 METRIC = re.compile(r"\b(asteria_[a-z_]+|DCGM_[A-Z_]+)\b")
 RECORDED = re.compile(r"\b[a-z_]+:asteria_[a-z_]+:[a-z0-9_]+\b")
-PROPOSED_METRICS = {"asteria_policy_staleness_bound_steps"}
+PROPOSED_METRICS: set[str] = set()
 """Read by the dashboard and alerts, not yet exported (reported as missing)."""
 
 

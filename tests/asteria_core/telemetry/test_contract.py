@@ -45,6 +45,7 @@ def report_like_the_runtime(trainer):
             reporter.refresh_done(0.02, ok=False)
             reporter.inline_fallback()
         reporter.set_refresh_queue(2, busy_ratio=0.5)
+        reporter.set_refresh_policy(3, 0.8)
         for tier in TIERS:
             reporter.set_tier_bytes(tier, 1000 * step, 10_000)
         reporter.add_transfer("host", "device", 4096)
