@@ -94,3 +94,15 @@ def test_cli_fails_fast_with_exit_code_2(tmp_path):
     assert proc.returncode == 2
     assert "config error: optim.lr: got -3.0" in proc.stderr
     assert not any(tmp_path.iterdir()), "nothing may be written for a rejected config"
+
+
+def test_policy_section_is_validated_like_the_rest(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[policy]\nstaleness_bound = 4\nswap_delay = 2\nworkers = 2\n")
+    config = resolve_config(str(path), ["--policy.swap_mode", "opportunistic"])
+    assert (config.policy.staleness_bound, config.policy.swap_delay, config.policy.workers,
+            config.policy.swap_mode) == (4, 2, 2, "opportunistic")
+    with pytest.raises(ConfigError, match=r"policy.swap_delay: got 5; allowed: at most "):
+        resolve_config(str(path), ["--policy.swap_delay", "5"])
+    with pytest.raises(ConfigError, match="unknown config key 'policy.bound'"):
+        resolve_config(None, ["--policy.bound", "5"])
