@@ -126,14 +126,17 @@ def staleness(b: pd.DataFrame, marks: pd.DataFrame, history: list, policy: dict[
 
 
 def refresh(b: pd.DataFrame, marks: pd.DataFrame) -> None:
+    """Queue depth; background load (refresh work over worker capacity: above 1 the workers
+    cannot keep up) with the workers' busy share."""
     left, right = st.columns(2)
-    for col, (field, title, unit) in zip((left, right), (
-            ("queue_depth", "refresh queue depth", "refreshes queued or running"),
-            ("background_load", "background load (refresh workers busy)", "share 0-1")),
-            strict=True):
+    for col, fields, title, unit in (
+            (left, ["queue_depth"], "refresh queue depth", "refreshes queued or running"),
+            (right, ["background_load", "workers_busy"],
+             "background load (above 1: workers cannot keep up)", "ratio")):
+        present = [f for f in fields if f in b and b[f].notna().any()]
         with col:
-            if field in b and b[field].notna().any():
-                _show(st, charts.lines(series.long(b, [field]), "step", title=title,
+            if present:
+                _show(st, charts.lines(series.long(b, present), "step", title=title,
                                        y_title=unit, marks=marks), title, marks)
             else:
-                _absent(title.capitalize(), "The refresh engine reports it.")
+                _absent(title.split(" (")[0].capitalize(), "The refresh engine reports it.")

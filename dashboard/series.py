@@ -20,12 +20,14 @@ PHASES = ("data", "forward", "backward", "optimizer", "boundary")
 TIERS = ("device", "host", "disk")
 MEASURED = ("nvml", "rapl")
 """Energy sources that measure; `model` is an estimate (CPU seconds x configured watts)."""
-# extra key -> row column; the later names are those the brief for issue 8 used.
+# extra key -> row column. Telemetry's names (docs/metrics.md) and the refresh engine's own
+# stamps on the record (staleness_max, staleness_bound, background_load) mean the same figures.
 SCALARS = {
     "staleness_max_steps": "staleness_max", "staleness_max": "staleness_max",
-    "staleness_bound": "staleness_bound",
+    "staleness_bound_steps": "staleness_bound", "staleness_bound": "staleness_bound",
     "refresh_queue_depth": "queue_depth",
-    "refresh_workers_busy_ratio": "background_load", "background_load": "background_load",
+    "refresh_background_load": "background_load", "background_load": "background_load",
+    "refresh_workers_busy_ratio": "workers_busy",
     "device_busy_ratio": "busy_ratio",
     "policy_version": "policy_version",
 }

@@ -1,5 +1,5 @@
-"""A real control plane (uvicorn in a thread, as in tests/backend) with a finished tiny run and
-a live one, shared by the tests of one module."""
+"""A real control plane (uvicorn in a thread, as in tests/backend) with a finished tiny AdamW run
+and a live tiny SOAP run, shared by the tests of one module."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def finished_run(http) -> str:
 
 @pytest.fixture(scope="module")
 def live_run(http, finished_run) -> str:
-    """A run that trains until the module ends (then it is stopped)."""
-    run_id = start_run(http, 10_000_000, eval_interval=100)
+    """A SOAP run (refresh engine on a worker) that trains until the module ends, then stops."""
+    run_id = start_run(http, 10_000_000, eval_interval=100, optim="soap")
     wait_until(lambda: http.get(f"/runs/{run_id}/steps").json()["steps"], what="first steps")
     yield run_id
     http.post(f"/runs/{run_id}/stop")

@@ -24,12 +24,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
 
 
-def tiny_run(steps: int, *, eval_interval: int = 50, watts: float = 15.0) -> dict:
+def tiny_run(steps: int, *, eval_interval: int = 50, watts: float = 15.0,
+             optim: str = "adamw") -> dict:
     """A run config of tests/backend/conftest.py's TINY model, with a modelled energy estimate."""
     from tests.backend.conftest import TINY
 
     config = copy.deepcopy(TINY)
     config["train"].update(steps=steps, eval_interval=eval_interval)
+    config["optim"] = {"name": optim}
     config["telemetry"] = {"model_cpu_watts": watts}
     return config
 

@@ -17,7 +17,9 @@ import pytest
 from tests.backend.conftest import TOKEN, free_port
 from tests.dashboard.stack import ARTIFACTS, Dashboard, chromium, wait_until
 
-LIVE_CHARTS = 7  # loss vs step and vs wall-clock, phases, idle, power, joules, joules/token
+# loss vs step and vs wall-clock, phases, idle, power, joules, joules/token, staleness max,
+# refresh queue depth, background load: the charts over steps or wall-clock
+LIVE_CHARTS = 10
 
 
 def unavailable(reason: str) -> None:
@@ -82,6 +84,7 @@ def test_watch_tune_and_see_the_marker(browser, dashboard, http, live_run, tmp_p
     marked = page.locator(f'[aria-label*="{marker}"]')
     wait_until(lambda: marked.count() >= LIVE_CHARTS, 30, 0.2, "markers on every chart")
 
+    page.get_by_role("heading", name="Live view").scroll_into_view_if_needed()
     shot = tmp_path / "dashboard-live.png"
     page.screenshot(path=str(shot), full_page=True)
     ARTIFACTS.mkdir(exist_ok=True)

@@ -32,7 +32,7 @@ def charts(at: AppTest) -> list:
     return at.get("vega_lite_chart")
 
 
-def test_live_page_shows_the_live_run(dashboard_env, live_run):
+def test_live_page_shows_the_live_run(dashboard_env, http, live_run):
     at = app(live_run)
     assert not at.exception, at.exception
     assert at.session_state["run_id"] == live_run
@@ -40,16 +40,21 @@ def test_live_page_shows_the_live_run(dashboard_env, live_run):
     assert int(metrics["Step"]) > 0 and float(metrics["Train loss"]) > 0
     assert metrics["Energy (estimate)"].endswith(" J")
     assert "refreshing every 2 s" in texts(at.caption)
-    assert len(charts(at)) >= 7  # loss x2, phases, idle, power, joules, joules/token
+    # loss x2, phases, idle, power, joules, joules/token, staleness max and distribution,
+    # queue depth, background load
+    assert len(charts(at)) == 11
     notes = texts(at.info)
-    assert "**Tier occupancy**: not reported by this run" in notes
-    assert "**Staleness**: not reported by this run" in notes
+    assert "**Staleness**" not in notes and "**Refresh queue depth**" not in notes
+    if "tier_bytes" not in http.get(f"/runs/{live_run}/steps").json()["steps"][-1]["extra"]:
+        assert "**Tier occupancy**: not reported by this run" in notes
 
 
 def test_live_page_of_a_finished_run(dashboard_env, finished_run):
     at = app(finished_run)
     assert not at.exception, at.exception
-    assert f"Run {finished_run} is **finished**" in texts(at.info)
+    notes = texts(at.info)
+    assert f"Run {finished_run} is **finished**" in notes
+    assert "**Staleness**: not reported by this run" in notes  # AdamW has no refresh engine
     assert "**v2** from step" in texts(at.caption)  # the marker of the audited change
     assert at.button(key=f"pf_submit_{finished_run}").disabled
 

@@ -23,13 +23,15 @@ def test_compact_flattens_telemetry_figures():
         "compute_seconds": {"forward": 0.003}, "idle_seconds": {"data_wait": 0.002},
         "energy_joules": {"model": 1.5}, "tier_bytes": {"host": 10},
         "tier_capacity_bytes": {"host": 20}, "staleness_max_steps": 2,
-        "refresh_queue_depth": 1, "refresh_workers_busy_ratio": 0.5, "policy_version": 2}), 256)
+        "staleness_bound_steps": 4, "refresh_queue_depth": 1, "refresh_background_load": 0.7,
+        "refresh_workers_busy_ratio": 0.5, "policy_version": 2}), 256)
     assert row["tokens_total"] == 384
     assert row["phase_forward"] == 0.003 and "phase_data" not in row  # waits excluded
     assert (row["idle_data_wait"], row["joules_model"], row["tier_host"], row["cap_host"]) == \
         (0.002, 1.5, 10, 20)
-    assert (row["staleness_max"], row["queue_depth"], row["background_load"],
-            row["policy_version"]) == (2, 1, 0.5, 2)
+    assert (row["staleness_max"], row["staleness_bound"], row["queue_depth"],
+            row["background_load"], row["workers_busy"], row["policy_version"]) == \
+        (2, 4, 1, 0.7, 0.5, 2)
 
 
 def test_buffer_stays_bounded_and_keeps_the_whole_curve():
