@@ -87,14 +87,19 @@ def energy(b: pd.DataFrame, marks: pd.DataFrame) -> None:
                                 marks=marks), title, marks)
 
 
-def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any]) -> None:
+def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any],
+          metric_caps: dict[str, float]) -> None:
+    """Bytes per tier, stacked; capacities from the records, else the active run's
+    asteria_tier_capacity_bytes, else the policy's non-zero budgets."""
     used = series.columns(b, "tier_")
     if not used:
         _absent("Tier occupancy", "The tier store reports it once optimizer state is tiered.")
         return
     caps = {c.removeprefix("cap_"): b[c].dropna().iloc[-1] for c in series.columns(b, "cap_")}
-    for tier in ("device", "host"):
-        if tier not in caps and policy.get(f"{tier}_budget_bytes"):
+    for tier in series.TIERS:
+        if tier not in caps and tier in metric_caps:
+            caps[tier] = metric_caps[tier]
+        elif tier not in caps and policy.get(f"{tier}_budget_bytes"):
             caps[tier] = policy[f"{tier}_budget_bytes"]
     cap_df = pd.DataFrame({"series": list(caps), "value": list(caps.values())})
     title = "optimizer state by tier (dashed: capacity)"

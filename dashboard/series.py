@@ -184,6 +184,16 @@ def bound_by_step(history: list[dict[str, Any]], current: int, steps: pd.Series)
     return bound
 
 
+def gauge_by_label(metrics_text: str, name: str, label: str) -> dict[str, float]:
+    """{label value: value} of a one-label gauge in a /metrics exposition (empty if absent)."""
+    out = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") and f'{label}="' in line:
+            labels, _, value = line.rpartition(" ")
+            out[labels.split(f'{label}="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
 def staleness_histogram(metrics_text: str) -> pd.DataFrame:
     """Observations per staleness bucket (one per block per step) from /metrics; may be empty."""
     name = "asteria_preconditioner_staleness_steps_bucket"

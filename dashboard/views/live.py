@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import components, panels, series, state
 from dashboard.client import ACTIVE, ApiError
 
 
-def staleness_histogram(base: str, run: dict[str, Any]) -> pd.DataFrame | None:
-    """The active run's staleness distribution from /metrics; None for a past run."""
+def metrics_text(base: str, run: dict[str, Any]) -> str:
+    """The active run's /metrics (staleness distribution, tier capacities); "" for a past run."""
     if run["status"] not in ACTIVE:
-        return None
+        return ""
     try:
-        return series.staleness_histogram(state.metrics(base))
+        return state.metrics(base)
     except ApiError:
-        return None
+        return ""
 
 
 def draw(base: str, run: dict[str, Any]) -> None:
@@ -45,11 +44,14 @@ def draw(base: str, run: dict[str, Any]) -> None:
     st.subheader("Energy")
     panels.energy(binned, marks)
     st.subheader("Preconditioner staleness")
-    panels.staleness(binned, marks, history, policy, staleness_histogram(base, now))
+    text = metrics_text(base, now)
+    panels.staleness(binned, marks, history, policy,
+                     series.staleness_histogram(text) if text else None)
     st.subheader("Refresh queue and background load")
     panels.refresh(binned, marks)
     st.subheader("Optimizer-state tiers")
-    panels.tiers(binned, marks, policy)
+    panels.tiers(binned, marks, policy,
+                 series.gauge_by_label(text, "asteria_tier_capacity_bytes", "tier"))
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ browser (test_browser.py).
 from __future__ import annotations
 
 import httpx
+import pandas as pd
+import pyarrow as pa
 from streamlit.testing.v1 import AppTest
 
 from tests.backend.conftest import free_port
@@ -32,6 +34,11 @@ def charts(at: AppTest) -> list:
     return at.get("vega_lite_chart")
 
 
+def chart_data(chart) -> list[pd.DataFrame]:
+    """The tables a chart element carries (Arrow IPC streams in its proto)."""
+    return [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets]
+
+
 def test_live_page_shows_the_live_run(dashboard_env, http, live_run):
     at = app(live_run)
     assert not at.exception, at.exception
@@ -49,13 +56,16 @@ def test_live_page_shows_the_live_run(dashboard_env, http, live_run):
         assert "**Tier occupancy**: not reported by this run" in notes
 
 
-def test_live_page_of_a_finished_run(dashboard_env, finished_run):
+def test_live_page_of_a_finished_run(dashboard_env, http, finished_run):
     at = app(finished_run)
     assert not at.exception, at.exception
     notes = texts(at.info)
     assert f"Run {finished_run} is **finished**" in notes
     assert "**Staleness**: not reported by this run" in notes  # AdamW has no refresh engine
     assert "**v2** from step" in texts(at.caption)  # the marker of the audited change
+    step = http.get(f"/runs/{finished_run}/policy/history").json()[0]["effective_step"]
+    marked = [c for c in charts(at) if f"v2 from step {step}" in c.proto.alt]
+    assert len(marked) == 7  # every chart over steps or wall-clock of an AdamW run
     assert at.button(key=f"pf_submit_{finished_run}").disabled
 
 
@@ -143,3 +153,30 @@ def test_compare_page_puts_runs_side_by_side(dashboard_env, live_run, finished_r
     assert len(charts(at)) == 2  # loss vs wall-clock, loss vs energy
     table = at.dataframe[0].value
     assert list(table["energy source"]) == ["model (estimate)"] * 2
+
+
+def _tier_panel() -> None:
+    # Runs inside AppTest: step records as the tier store will report them.
+    from dashboard import panels, series
+
+    buf = series.StepBuffer()
+    buf.extend([{"step": s, "time": 100.0 + s, "loss": 3.0, "eval_loss": None, "lr": 1e-3,
+                 "tokens": 64, "step_seconds": 1.0, "phase_seconds": {},
+                 "extra": {"tier_bytes": {"device": 1000, "host": 50 * s}}}
+                for s in range(1, 50)])
+    df = series.frame(buf)
+    marks = series.markers([], df)
+    panels.tiers(df, marks, {"device_budget_bytes": 0, "host_budget_bytes": 4096},
+                 {"device": 2048.0})
+
+
+def test_tier_panel_draws_occupancy_with_capacities():
+    at = AppTest.from_function(_tier_panel, default_timeout=30).run()
+    assert not at.exception, at.exception
+    [chart] = charts(at)
+    assert not at.info  # no "not reported" note
+    used, caps = chart_data(chart)
+    assert set(used["series"]) == {"device", "host"}
+    # capacity: the /metrics gauge for device, the policy budget for host (no disk budget)
+    assert dict(zip(caps["series"], caps["value"], strict=True)) == {"device": 2048.0,
+                                                                      "host": 4096.0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from dashboard import series
 
@@ -120,3 +120,14 @@ def test_power_is_taken_between_meter_readings():
     e = series.energy(series.frame(buf))
     assert set(e["kind"]) == {"measured"}
     assert e["watts"].dropna().to_numpy()[1:] == pytest.approx(50.0)  # [0]: from step 1
+
+
+def test_tier_capacities_from_a_real_exposition():
+    registry = CollectorRegistry()
+    gauge = Gauge("asteria_tier_capacity_bytes", "budget", ["tier"], registry=registry)
+    gauge.labels("device").set(1024)
+    gauge.labels("host").set(2**20)
+    text = generate_latest(registry).decode()
+    assert series.gauge_by_label(text, "asteria_tier_capacity_bytes", "tier") == \
+        {"device": 1024.0, "host": 2.0**20}
+    assert series.gauge_by_label(text, "asteria_tier_bytes", "tier") == {}
