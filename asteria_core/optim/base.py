@@ -12,7 +12,8 @@ a runtime reads `due_blocks()` after each step and drives the seam itself.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import torch
 
@@ -38,6 +39,25 @@ BASES = "bases"              # [dim][chunk] (b, b) basis in use (Shampoo: invers
 VERSIONS = "basis_versions"  # [dim][chunk] int: swaps so far (0: initial identity)
 BASIS_STEPS = "basis_steps"  # [dim][chunk] int: stats step behind the basis in use (-1: none)
 EXTRA = "asteria"            # optimizer-level entry added to state_dict()
+
+
+class Residency(Protocol):
+    """Where a runtime (the tier store) makes a parameter's state resident around each use.
+
+    `acquire` runs before the state dict of parameter `index` is read, `release` after; `writes`
+    says what the use may have changed: "step" (an update: the per-step state), "all" (a basis
+    swap) or "none" (a snapshot). `begin_step` announces the order of the coming updates.
+    """
+
+    def begin_step(self, order: list[int]) -> None: ...
+
+    def acquire(self, index: int, state: dict) -> None: ...
+
+    def release(self, index: int, state: dict, writes: str) -> None: ...
+
+    def materialized(self, packed: dict) -> dict: ...
+
+    def adopt_all(self) -> None: ...
 
 
 def check_choice(name: str, value: Any, choices) -> None:
@@ -80,6 +100,8 @@ class BlockPreconditioner(torch.optim.Optimizer):
         self._pending: list[tuple[int, RefreshResult]] = []  # (swap step, result), in order
         self._due: tuple[BlockKey, ...] = ()
         self._layouts: dict[int, tuple[tuple, Layout]] = {}
+        self.residency: Residency | None = None
+        """Set by a tier store: state may live off the device between uses (see Residency)."""
 
     # ---- subclass hooks -------------------------------------------------------------------
     def _step_param(self, p: torch.Tensor, grad: torch.Tensor, state: dict, layout: Layout,
@@ -122,6 +144,9 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 loss = closure()
         self._num_steps += 1
         due: list[BlockKey] = []
+        if self.residency is not None:
+            self.residency.begin_step([i for i, p, _ in self._indexed_params()
+                                       if p.grad is not None])
         for index, p, group in self._indexed_params():
             if p.grad is None:
                 continue
@@ -129,7 +154,9 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 raise TypeError(f"{type(self).__name__} does not support sparse gradients")
             layout = self._layout(index, p, group)
             grad = p.grad.reshape(layout.shape)
-            if self._step_param(p, grad, self.state[p], layout, group):
+            with self._resident(index, self.state[p], "step"):
+                refresh_due = self._step_param(p, grad, self.state[p], layout, group)
+            if refresh_due:
                 due.extend(BlockKey(index, dim, c) for dim, c, _ in layout.blocks())
         self._boundary(due)
         return loss
@@ -205,12 +232,13 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 return t.clone()
             return t.to(device, non_blocking=non_blocking, copy=True)
 
-        basis = state[BASES][key.dim][key.chunk]
-        return FactorSnapshot(key=key, stats_step=self._num_steps,
-                              base_version=state[VERSIONS][key.dim][key.chunk],
-                              factor=clone(state[FACTORS][key.dim][key.chunk]),
-                              basis=clone(basis) if config.needs_basis else None,
-                              scale=self._snapshot_scale(state, group))
+        with self._resident(key.param, state, "none"):
+            basis = state[BASES][key.dim][key.chunk]
+            return FactorSnapshot(key=key, stats_step=self._num_steps,
+                                  base_version=state[VERSIONS][key.dim][key.chunk],
+                                  factor=clone(state[FACTORS][key.dim][key.chunk]),
+                                  basis=clone(basis) if config.needs_basis else None,
+                                  scale=self._snapshot_scale(state, group))
 
     def apply_refresh(self, key: BlockKey, result: RefreshResult) -> None:
         """Swap a refresh result into block `key` (call between steps).
@@ -224,6 +252,11 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise ValueError(f"result for {result.key} applied to block {key}")
         p, group, layout = self._locate(key)
         state = self._block_state(p, key)
+        with self._resident(key.param, state, "all"):
+            self._apply_refresh(key, result, state, layout)
+
+    def _apply_refresh(self, key: BlockKey, result: RefreshResult, state: dict,
+                       layout: Layout) -> None:
         basis_bb = state[BASES][key.dim][key.chunk]
         if result.basis.shape != basis_bb.shape:
             raise ValueError(f"result basis {tuple(result.basis.shape)} does not fit block {key} "
@@ -253,6 +286,8 @@ class BlockPreconditioner(torch.optim.Optimizer):
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         state = super().state_dict()
+        if self.residency is not None:  # state that lives off the device, read back in
+            state["state"] = self.residency.materialized(state["state"])
         state[EXTRA] = {"num_steps": self._num_steps, "refresh_failures": self.refresh_failures,
                         "pending": [{"at": at, **result.to_dict()} for at, result in self._pending]}
         return state
@@ -268,6 +303,21 @@ class BlockPreconditioner(torch.optim.Optimizer):
         self.refresh_failures = extra["refresh_failures"]
         self._pending = [(item["at"], RefreshResult.from_dict(item)) for item in extra["pending"]]
         self._due = ()
+        if self.residency is not None:
+            self.residency.adopt_all()
+
+    def state_spec(self, index: int) -> dict:
+        """The state parameter `index` will hold after its first update, as meta tensors (a dry
+        run of the per-step math on the meta device: shapes and dtypes, no memory, no values)."""
+        for i, p, group in self._indexed_params():
+            if i == index:
+                layout = self._layout(index, p, group)
+                p_meta = torch.empty_like(p, device="meta")
+                state: dict = {}
+                self._step_param(p_meta, torch.empty(layout.shape, dtype=p.dtype, device="meta"),
+                                 state, layout, group)
+                return state
+        raise KeyError(f"no parameter with index {index}")
 
     # ---- helpers --------------------------------------------------------------------------
     def _indexed_params(self):
@@ -276,6 +326,15 @@ class BlockPreconditioner(torch.optim.Optimizer):
             for p in group["params"]:
                 yield index, p, group
                 index += 1
+
+    @contextmanager
+    def _resident(self, index: int, state: dict, writes: str):
+        if self.residency is None:
+            yield
+            return
+        self.residency.acquire(index, state)
+        yield  # on an error the state is suspect: it is not written back
+        self.residency.release(index, state, writes)
 
     def _layout(self, index: int, p: torch.Tensor, group: dict) -> Layout:
         spec = (tuple(p.shape), group["max_precond_dim"], group["block_size"],
