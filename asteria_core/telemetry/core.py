@@ -150,6 +150,9 @@ class Telemetry:
         check_label("dst", dst, TIERS)
         self._exporter.transfer.labels(src, dst).inc(nbytes)
 
+    def set_prefetch_hit_ratio(self, ratio: float) -> None:
+        self._latest["tier_prefetch_hit_ratio"] = ratio
+
     def set_policy_version(self, version: int) -> None:
         self._latest["policy_version"] = version
 

@@ -35,6 +35,9 @@ RUNTIME_GAUGES = {
     "refresh_workers_busy_ratio": ("asteria_refresh_workers_busy_ratio",
                                    "Share of refresh worker time spent refreshing."),
     "policy_version": ("asteria_policy_version", "Version of the live policy in force."),
+    "tier_prefetch_hit_ratio": ("asteria_tier_prefetch_hit_ratio",
+                                "Share of off-device optimizer-state uses whose prefetch was "
+                                "done in time, since the run started."),
     "staleness_bound_steps": ("asteria_policy_staleness_bound_steps",
                               "Staleness bound S of the live policy, in steps."),
     "refresh_background_load": ("asteria_refresh_background_load",

@@ -68,6 +68,10 @@ class Reporter(Protocol):
         """Bytes moved from one tier to another."""
         ...
 
+    def set_prefetch_hit_ratio(self, ratio: float) -> None:
+        """Share of off-device state uses whose prefetch was done in time (0-1), so far."""
+        ...
+
     def set_policy_version(self, version: int) -> None:
         """The version of the live policy now in force."""
         ...
@@ -129,6 +133,9 @@ class NullReporter:
         pass
 
     def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
+        pass
+
+    def set_prefetch_hit_ratio(self, ratio: float) -> None:
         pass
 
     def set_policy_version(self, version: int) -> None:

@@ -49,6 +49,7 @@ def report_like_the_runtime(trainer):
         for tier in TIERS:
             reporter.set_tier_bytes(tier, 1000 * step, 10_000)
         reporter.add_transfer("host", "device", 4096)
+        reporter.set_prefetch_hit_ratio(0.75)
         reporter.set_policy_version(1)
 
     trainer.boundary_hooks.append(hook)
