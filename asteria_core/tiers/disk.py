@@ -1,0 +1,188 @@
+"""The disk tier: checksummed files of state entries, explicit reads and writes.
+
+A file holds the entries of one parameter with one lifecycle class (so clean bases are never
+rewritten with the moments). Layout: a header padded to 4096 bytes (magic, its padded size, then
+JSON listing each tensor's name, offset, byte count and CRC-32), then the tensors at 4096-aligned
+offsets. A write goes to `<name>.new` and is renamed over `<name>.bin`, so a file is never
+overwritten in place. A read checks the size, the header and every CRC before the caller may use
+a single value; any mismatch raises `TierFileError` naming the tensor(s) and the file.
+
+Where the file system allows it the files are opened with O_DIRECT, so bytes go between the
+staging buffer and the disk without the page cache; elsewhere (tmpfs, some network file
+systems) writes are fsynced and the cache pages of both reads and writes are dropped with
+posix_fadvise(DONTNEED), so the state really leaves RAM either way. The disk tier is scratch
+space, not a checkpoint: durability comes from the run's checkpoints, which copy the state in.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from asteria_core.tiers.lifecycle import ALIGN, padded
+
+MAGIC = b"ASTERIA-TIER-1\n"
+
+
+class TierFileError(RuntimeError):
+    """A disk-tier file is missing, truncated or corrupt; raised before any value is used."""
+
+    def __init__(self, tensor: str, path: Path, why: str) -> None:
+        super().__init__(f"optimizer state {tensor}: disk-tier file {path} {why}")
+        self.tensor, self.path = tensor, path
+
+
+def aligned_buffer(nbytes: int) -> np.ndarray:
+    """A zeroed, page-aligned uint8 array (anonymous mmap), usable for O_DIRECT."""
+    if nbytes == 0:
+        return np.zeros(0, np.uint8)
+    return np.frombuffer(mmap.mmap(-1, padded(nbytes)), dtype=np.uint8)
+
+
+def probe_direct(folder: Path) -> bool:
+    """Whether files in `folder` can be opened with O_DIRECT."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    probe = folder / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | flag, 0o600)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            return False
+        raise
+    try:
+        os.pwrite(fd, aligned_buffer(ALIGN), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
+class DiskTier:
+    """Files of one run's disk tier in `folder`. Methods are safe to call from I/O threads
+    (each call uses its own file descriptor and header buffer)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.direct = probe_direct(self.folder)
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self.write_seconds = 0.0
+        """Time inside write() (checksum, write, rename): bytes_written / it = write bandwidth."""
+        self.read_seconds = 0.0
+
+    def path(self, name: str) -> Path:
+        return self.folder / f"{name}.bin"
+
+    def write(self, name: str, data: np.ndarray, parts: list[tuple[str, int, int]]) -> None:
+        """Write file `name` from data, an aligned buffer holding the tensors `parts` as
+        (tensor name, offset, nbytes) at aligned offsets, in order."""
+        t0 = time.perf_counter()
+        size = parts[-1][1] + padded(parts[-1][2])
+        info = {"file": name, "size": size,
+                "parts": [[t, off, n, zlib.crc32(data[off:off + n])] for t, off, n in parts]}
+        body = json.dumps(info).encode()
+        head = MAGIC + f"{padded(len(MAGIC) + 11 + len(body)):010d}\n".encode() + body
+        header = aligned_buffer(len(head))
+        header[:len(head)] = np.frombuffer(head, np.uint8)
+        final, tmp = self.path(name), self.folder / f"{name}.new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self._flag(), 0o600)
+        try:
+            total = os.pwritev(fd, [header, data[:size]], 0)
+            if total != len(header) + size:
+                raise OSError(errno.EIO, f"short write of {tmp}: {total} bytes")
+            if not self.direct:
+                os.fdatasync(fd)  # dirty pages cannot be dropped before they are written
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        self.bytes_written += sum(n for _, _, n in parts)
+        self.write_seconds += time.perf_counter() - t0
+
+    def read(self, name: str, out: np.ndarray, parts: list[tuple[str, int, int]]) -> None:
+        """Read file `name` into out (laid out like `write`'s data) and verify every tensor
+        in it before returning; raises TierFileError naming the tensor(s) and the file."""
+        t0 = time.perf_counter()
+        path = self.path(name)
+        size = parts[-1][1] + padded(parts[-1][2])
+        tensors = ", ".join(t for t, _, _ in parts)
+        try:
+            fd = os.open(path, os.O_RDONLY | self._flag())
+        except FileNotFoundError:
+            raise TierFileError(tensors, path, "is missing") from None
+        try:
+            got_size = os.fstat(fd).st_size
+            first = aligned_buffer(ALIGN)
+            got = os.preadv(fd, [first], 0)
+            head_size = self._head_size(tensors, path, bytes(first[:got]))
+            if got_size != head_size + size:
+                raise TierFileError(tensors, path, f"has {got_size} bytes; expected "
+                                    f"{head_size + size} (truncated or not this state)")
+            header = first if head_size == ALIGN else aligned_buffer(head_size)
+            if head_size > ALIGN:
+                os.preadv(fd, [header], 0)
+            got = os.preadv(fd, [out[:size]], head_size)
+            if not self.direct:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        if got != size:
+            raise TierFileError(tensors, path, f"read {got} of {size} data bytes (truncated)")
+        info = self._header(tensors, path, bytes(header))
+        stored = {tuple(p[:3]): p[3] for p in info.get("parts", [])}
+        for t, off, n in parts:
+            crc = stored.get((t, off, n))
+            if crc is None:
+                raise TierFileError(t, path, "does not hold this tensor (stale or foreign)")
+            if zlib.crc32(out[off:off + n]) != crc:
+                raise TierFileError(t, path, "fails its checksum (corrupt)")
+        self.bytes_read += sum(n for _, _, n in parts)
+        self.read_seconds += time.perf_counter() - t0
+
+    def remove(self, name: str) -> None:
+        self.path(name).unlink(missing_ok=True)
+
+    def _flag(self) -> int:
+        return getattr(os, "O_DIRECT", 0) if self.direct else 0
+
+    @staticmethod
+    def _head_size(name: str, path: Path, raw: bytes) -> int:
+        if not raw.startswith(MAGIC) or not raw[len(MAGIC):len(MAGIC) + 10].isdigit():
+            raise TierFileError(name, path, "has no tier header (corrupt)")
+        return int(raw[len(MAGIC):len(MAGIC) + 10])
+
+    @staticmethod
+    def _header(name: str, path: Path, raw: bytes) -> dict:
+        try:
+            return json.loads(raw[len(MAGIC) + 11:].rstrip(b"\0"))
+        except ValueError:
+            raise TierFileError(name, path, "has an unreadable header (corrupt)") from None
+
+
+def check_writable(folder: Path, need_bytes: int) -> str | None:
+    """Why the disk tier cannot live in `folder` with `need_bytes`, or None when it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as err:
+        return f"{folder} is not writable ({err.strerror or err})"
+    free = os.statvfs(folder)
+    avail = free.f_bavail * free.f_frsize
+    # Each file is rewritten as a new file before the old one goes: keep one spare state.
+    if avail < need_bytes:
+        return f"{folder} has {avail} bytes free; the disk tier needs {need_bytes}"
+    return None

@@ -1,0 +1,432 @@
+"""The tier store: optimizer state at home in device, host or disk, resident just in time.
+
+The store plugs into a `BlockPreconditioner` as its `residency`. Between uses, an entry homed
+on the device or the host stays in the optimizer's state dict (on a CPU-only machine both are
+CPU memory, so a host-homed tensor is used in place; on CUDA it lives in pinned memory and is
+copied in); an entry homed on disk is replaced by a meta tensor of its shape, so any use that
+bypassed the store fails loudly instead of computing with stale values. Around each use:
+
+    acquire(i):  wait for parameter i's disk entries (prefetched by the reader thread into a
+                 staging buffer; a late or missing prefetch is waited for as transfer_wait) and
+                 point the state dict at them; then prefetch the next parameters of the step.
+    release(i):  point the dict back at meta tensors and queue the dirty entries (per lifecycle:
+                 written-every-step after an update, everything after a basis swap) for the
+                 writer thread, which frees the buffer when the files are written.
+
+A parameter's state is in at most one staging buffer at a time, and a read of it waits for its
+pending write, so every use sees the newest values: placement never changes numerics. At a step
+boundary after a policy change the store re-plans and migrates entries between tiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.policy import LivePolicy, Policy, PolicyError
+from asteria_core.telemetry.reporter import NullReporter, Reporter
+from asteria_core.tiers.disk import DiskTier, TierFileError, aligned_buffer, check_writable
+from asteria_core.tiers.lifecycle import (
+    READ,
+    WRITTEN,
+    Entry,
+    classify,
+    copy_structure,
+    get_leaf,
+    leaves,
+    padded,
+    set_leaf,
+)
+from asteria_core.tiers.placement import Plan, plan
+
+log = logging.getLogger(__name__)
+TIER_FIELDS = ("device_budget_bytes", "host_budget_bytes", "disk_dir", "offload_mode")
+
+
+class TierStore:
+    def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy, run_dir: Path,
+                 reporter: Reporter | None = None) -> None:
+        self.opt = optimizer
+        self.live = policy
+        self.run_dir = Path(run_dir)
+        self.reporter = reporter or NullReporter()
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.entries: list[Entry] = []
+        self.by_param: dict[int, list[int]] = {}
+        for index in range(len(self.params)):
+            spec = optimizer.state_spec(index)
+            ids = self.by_param[index] = []
+            for path, t in leaves(spec):
+                ids.append(len(self.entries))
+                self.entries.append(Entry(index, path, tuple(t.shape), t.dtype, classify(path)))
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.hits = self.misses = 0
+        self.disk: DiskTier | None = None
+        self.plan: Plan = Plan(("device",) * len(self.entries), 0, 0)
+        self._policy: Policy | None = None
+        self._slots: list[np.ndarray] = []
+        self._free: queue.Queue[int] = queue.Queue()
+        self._loads: dict[int, tuple[threading.Event, list]] = {}  # index -> (done, [slot, err])
+        self._writing: dict[int, threading.Event] = {}
+        self._held: dict[int, int] = {}  # index -> slot, while a use holds it
+        self._order: list[int] = []
+        self._adopted: set[int] = set()
+        self._homes: dict[tuple, torch.Tensor] = {}  # CUDA only: pinned host homes
+        self._host_staged: dict[int, list[Entry]] = {}
+        self._prefetched = 0
+        self._errors: list[BaseException] = []
+        self._reads: queue.Queue = queue.Queue()
+        self._writes: queue.Queue = queue.Queue()
+        self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
+                                          name=f"tier-{n}")
+                         for n, q in (("reader", self._reads), ("writer", self._writes))]
+        for t in self._threads:
+            t.start()
+        self._configure(policy.current)
+        policy.add_validator(self.validate)
+        optimizer.residency = self
+        self.adopt_all()
+
+    # ------------------------------------------------------------------ policy
+    def disk_folder(self, policy: Policy) -> Path:
+        return Path(policy.disk_dir).expanduser() if policy.disk_dir else self.run_dir / "tiers"
+
+    def validate(self, policy: Policy) -> None:
+        """LivePolicy validator: the placement must be possible, and its disk dir usable."""
+        proposed = plan(self.entries, policy)  # raises PolicyError naming the budget
+        need = proposed.used(self.entries, "disk") + proposed.slot_bytes
+        if need:
+            why = check_writable(self.disk_folder(policy), need)
+            if why is not None:
+                raise PolicyError("disk_dir", why)
+
+    def on_boundary(self, step: int) -> None:
+        """After the policy's pending changes were applied: migrate if tier fields changed."""
+        self._raise_errors()
+        policy = self.live.current
+        if any(getattr(policy, f) != getattr(self._policy, f) for f in TIER_FIELDS):
+            self.migrate(policy)
+        self.report()
+
+    def migrate(self, policy: Policy) -> None:
+        """Re-plan under `policy` and move every entry whose home changed (synchronous)."""
+        self._drain()
+        gathered = {i: self._gather(i) for i in self.by_param if self._has_state(i)}
+        for groups in self._groups.values():
+            for fname, *_ in groups:
+                self.disk.remove(fname)
+        self._configure(policy)
+        for index, tensors in gathered.items():
+            self._place(index, tensors)
+
+    def _configure(self, policy: Policy) -> None:
+        self.plan = plan(self.entries, policy)
+        for e, tier in zip(self.entries, self.plan.tiers, strict=True):
+            e.tier = tier
+        self._policy = policy
+        if self.plan.slots:
+            self.disk = DiskTier(self.disk_folder(policy))
+        self._slots = [aligned_buffer(self.plan.slot_bytes) for _ in range(self.plan.slots)]
+        self._free = queue.Queue()
+        for i in range(len(self._slots)):
+            self._free.put(i)
+        self._offsets: dict[int, list[tuple[Entry, int]]] = {}
+        self._groups: dict[int, list[tuple[str, str, int, list]]] = {}
+        for index, ids in self.by_param.items():
+            off, layout, groups = 0, [], []
+            for lifecycle in (WRITTEN, READ):
+                start, parts = off, []
+                for e in (self.entries[i] for i in ids):
+                    if e.tier == "disk" and (e.lifecycle == READ) == (lifecycle == READ):
+                        layout.append((e, off))
+                        parts.append((e.name, off - start, e.nbytes))
+                        off += padded(e.nbytes)
+                if parts:
+                    groups.append((f"p{index}.{lifecycle}", lifecycle, start, parts))
+            self._offsets[index] = layout
+            self._groups[index] = groups
+            self._host_staged[index] = [self.entries[i] for i in ids if self.device.type != "cpu"
+                                        and self.entries[i].tier == "host"]
+        self._homes = {k: v for k, v in self._homes.items()
+                       if self.entries[self._entry_id(*k)].tier == "host"}
+
+    # ------------------------------------------------------------------ residency protocol
+    def begin_step(self, order: list[int]) -> None:
+        self._raise_errors()
+        self._order = order
+        self._prefetch_from(0)
+
+    def announce(self) -> None:
+        """A module hook: the next step is coming; start loading its first parameters."""
+        if self._order:
+            self._prefetch_from(0)
+
+    def acquire(self, index: int, state: dict) -> None:
+        if index not in self._adopted:
+            return  # the first update creates the state; release places it
+        for e in self._host_staged.get(index, ()):  # CUDA: pinned host -> device
+            set_leaf(state, e.path, self._homes[e.param, e.path].to(self.device,
+                                                                     non_blocking=True))
+        if not self._offsets.get(index):
+            self._prefetch_after(index)
+            return
+        load = self._loads.pop(index, None)
+        if load is None:
+            self.misses += 1
+            load = self._start_load(index)
+        else:
+            self._prefetched -= 1
+            if load[0].is_set():
+                self.hits += 1
+            else:
+                self.misses += 1
+        if not load[0].is_set():
+            with self.reporter.wait("transfer_wait"):
+                load[0].wait()
+        slot, err = load[1]
+        if err is not None:
+            if slot is not None:
+                self._free.put(slot)
+            raise err
+        self._held[index] = slot
+        for e, off in self._offsets[index]:
+            set_leaf(state, e.path, self._view(slot, e, off))
+        self._prefetch_after(index)
+
+    def release(self, index: int, state: dict, writes: str) -> None:
+        if index not in self._adopted:
+            self._adopt(index, state)
+            return
+        for e in self._host_staged.get(index, ()):
+            if writes == "all" or (writes == "step" and e.lifecycle != READ):
+                self._homes[e.param, e.path].copy_(get_leaf(state, e.path))
+            set_leaf(state, e.path, self._homes[e.param, e.path])
+        if index not in self._held:
+            return
+        slot = self._held.pop(index)
+        for e, off in self._offsets[index]:
+            if self.device.type != "cpu":
+                self._view(slot, e, off, staged=False).copy_(get_leaf(state, e.path))
+            set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
+        dirty = [g for g in self._groups[index]
+                 if writes == "all" or (writes == "step" and g[1] != READ)]
+        self._submit_write(index, slot, dirty)
+
+    def adopt_all(self) -> None:
+        """Place the state now in the optimizer (after its load_state_dict)."""
+        self._drain()
+        self._adopted.clear()
+        self._held.clear()
+        for index, p in enumerate(self.params):
+            state = self.opt.state.get(p)
+            if state:
+                self._adopt(index, state)
+
+    def materialized(self, packed: dict) -> dict:
+        """A copy of torch's packed optimizer state with every entry read back in (CPU)."""
+        self._drain()
+        out = {}
+        for index, state in packed.items():
+            state = copy_structure(state)
+            if isinstance(index, int) and self._offsets.get(index) and state:
+                for path, t in self._gather(index).items():
+                    set_leaf(state, path, t)
+            out[index] = state
+        return out
+
+    # ------------------------------------------------------------------ loads and writes
+    def _prefetch_from(self, pos: int) -> None:
+        limit = max(len(self._slots) - 1, 0)  # one buffer stays free for an unplanned use
+        for index in self._order[pos:]:
+            if self._prefetched >= limit:
+                return
+            if not self._offsets.get(index) or not self._has_state(index):
+                continue
+            if index in self._loads or index in self._held:
+                continue
+            self._loads[index] = self._start_load(index)
+            self._prefetched += 1
+
+    def _prefetch_after(self, index: int) -> None:
+        if index in self._order:
+            self._prefetch_from(self._order.index(index) + 1)
+
+    def _start_load(self, index: int):
+        load = (threading.Event(), [None, None])
+        self._reads.put((self._read, index, load))
+        return load
+
+    def _read(self, index: int, load) -> None:
+        done, out = load
+        try:
+            pending = self._writing.get(index)
+            if pending is not None:
+                pending.wait()
+            out[0] = slot = self._free.get()
+            self._read_groups(index, self._slots[slot])
+        except BaseException as err:  # handed to the training thread at acquire
+            out[1] = err
+        finally:
+            done.set()
+
+    def _submit_write(self, index: int, slot: int, dirty: list) -> None:
+        if not dirty:
+            self._free.put(slot)
+            return
+        event = self._writing[index] = threading.Event()
+        self._writes.put((self._write, index, slot, dirty, event))
+
+    def _write(self, index: int, slot: int, dirty: list, event: threading.Event) -> None:
+        try:
+            self._write_groups(self._slots[slot], dirty, "host")
+        except BaseException as err:
+            self._errors.append(err)
+        finally:
+            self._free.put(slot)
+            event.set()
+
+    def _read_groups(self, index: int, buf: np.ndarray) -> None:
+        for fname, _, start, parts in self._groups[index]:
+            self.disk.read(fname, buf[start:], parts)
+            self.reporter.add_transfer("disk", "host", sum(n for _, _, n in parts))
+
+    def _write_groups(self, buf: np.ndarray, groups: list, src: str) -> None:
+        for fname, _, start, parts in groups:
+            self.disk.write(fname, buf[start:], parts)
+            self.reporter.add_transfer(src, "disk", sum(n for _, _, n in parts))
+
+    def _loop(self, q: queue.Queue) -> None:
+        while True:
+            task = q.get()
+            if task is None:
+                return
+            task[0](*task[1:])
+
+    def _drain(self) -> None:
+        """Wait for every write; drop prefetched loads (their buffers are clean)."""
+        for done, out in list(self._loads.values()):
+            done.wait()
+            if out[0] is not None:
+                self._free.put(out[0])
+        self._loads.clear()
+        self._prefetched = 0
+        for event in list(self._writing.values()):
+            event.wait()
+        self._raise_errors()
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            raise self._errors[0]
+
+    # ------------------------------------------------------------------ placing state
+    def _entry_id(self, index: int, path: tuple) -> int:
+        return next(i for i in self.by_param[index] if self.entries[i].path == path)
+
+    def _has_state(self, index: int) -> bool:
+        return bool(self.opt.state.get(self.params[index]))
+
+    def _view(self, slot: int, e: Entry, off: int, staged: bool = True) -> torch.Tensor:
+        raw = torch.from_numpy(self._slots[slot][off:off + e.nbytes])
+        t = raw.view(e.dtype).view(e.shape)
+        return t if self.device.type == "cpu" or not staged else t.to(self.device)
+
+    def _gather(self, index: int) -> dict:
+        """Every entry of parameter `index` as a plain CPU tensor (disk entries read now)."""
+        state = self.opt.state[self.params[index]]
+        out = {}
+        offsets = {e.path: off for e, off in self._offsets.get(index, ())}
+        if offsets:
+            scratch = aligned_buffer(self.plan.slot_bytes)
+            self._pending_write_wait(index)
+            self._read_groups(index, scratch)
+        for e in (self.entries[i] for i in self.by_param[index]):
+            if e.tier == "disk":
+                off = offsets[e.path]
+                out[e.path] = torch.from_numpy(scratch[off:off + e.nbytes]).view(
+                    e.dtype).view(e.shape).clone()
+            else:
+                out[e.path] = get_leaf(state, e.path).detach().to("cpu", copy=True)
+        return out
+
+    def _pending_write_wait(self, index: int) -> None:
+        event = self._writing.get(index)
+        if event is not None:
+            event.wait()
+        self._raise_errors()
+
+    def _adopt(self, index: int, state: dict) -> None:
+        """Take freshly created or loaded state of `index` to its planned homes."""
+        found = dict(leaves(state))
+        spec = {self.entries[i].path: self.entries[i] for i in self.by_param[index]}
+        assert set(found) == set(spec), f"state of parameter {index} is not as planned"
+        self._place(index, found)
+
+    def _place(self, index: int, tensors: dict) -> None:
+        state = self.opt.state[self.params[index]]
+        offsets = {e.path: off for e, off in self._offsets.get(index, ())}
+        scratch = aligned_buffer(self.plan.slot_bytes) if offsets else None
+        for e in (self.entries[i] for i in self.by_param[index]):
+            t = tensors[e.path]
+            match e.tier:
+                case "device":
+                    set_leaf(state, e.path, t.to(self.device))
+                case "host" if self.device.type == "cpu":
+                    set_leaf(state, e.path, t)
+                case "host":
+                    home = self._homes[e.param, e.path] = t.to("cpu").pin_memory()
+                    set_leaf(state, e.path, home)
+                case "disk":
+                    off = offsets[e.path]
+                    view = torch.from_numpy(scratch[off:off + e.nbytes]).view(e.dtype)
+                    view.view(e.shape).copy_(t)
+                    set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
+                case _:
+                    raise NotImplementedError(e.tier)
+        if offsets:
+            self._write_groups(scratch, self._groups[index], "device")
+        self._adopted.add(index)
+
+    # ------------------------------------------------------------------ figures, shutdown
+    def tier_bytes(self) -> dict[str, int]:
+        return {t: self.plan.used(self.entries, t) for t in ("device", "host", "disk")}
+
+    def hit_ratio(self) -> float | None:
+        total = self.hits + self.misses
+        return self.hits / total if total else None
+
+    def report(self) -> None:
+        used = self.tier_bytes()
+        policy = self._policy
+        total = sum(e.nbytes for e in self.entries)
+        staging = self.plan.slots * self.plan.slot_bytes
+        self.reporter.set_tier_bytes("device", used["device"],
+                                     policy.device_budget_bytes or total)
+        self.reporter.set_tier_bytes("host", used["host"] + staging,
+                                     policy.host_budget_bytes or total + staging)
+        if self.plan.slots:
+            self.reporter.set_tier_bytes("disk", used["disk"], total)
+        ratio = self.hit_ratio()
+        if ratio is not None:
+            self.reporter.set_prefetch_hit_ratio(ratio)
+
+    def close(self) -> None:
+        """Finish pending writes and stop the I/O threads (idempotent)."""
+        if not self._threads:
+            return
+        try:
+            self._drain()
+        finally:
+            for q in (self._reads, self._writes):
+                q.put(None)
+            for t in self._threads:
+                t.join(timeout=30)
+            self._threads = []
+
+
+__all__ = ["TierFileError", "TierStore"]

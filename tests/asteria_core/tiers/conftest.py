@@ -1,0 +1,65 @@
+"""A small MLP trained by SOAP, with or without a tier store, on fixed data (CPU, 1 thread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asteria_core.optim import SOAP
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.tiers import TierStore
+
+NUM_LAYERS, WIDTH = 12, 64
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class Run:
+    """Model, SOAP (refresh every 5 steps) and optionally a tier store under a live policy."""
+
+    def __init__(self, policy: Policy | None, run_dir: Path, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        layers = []
+        for _ in range(NUM_LAYERS):
+            layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
+        self.model = torch.nn.Sequential(*layers)
+        self.opt = SOAP(self.model.parameters(), lr=1e-2, precondition_frequency=5)
+        self.live = LivePolicy(policy) if policy is not None else None
+        self.store = None if policy is None else TierStore(self.opt, self.live, run_dir)
+        self.data = torch.Generator().manual_seed(1)
+        self.steps = 0
+
+    def train(self, steps: int) -> None:
+        for _ in range(steps):
+            x = torch.randn(8, WIDTH, generator=self.data)
+            self.model(x).square().mean().backward()
+            self.opt.step()
+            self.opt.zero_grad()
+            self.steps += 1
+            if self.store is not None:
+                self.live.apply_pending(self.steps)
+                self.store.on_boundary(self.steps)
+
+    def params(self) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in self.model.parameters()])
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def state_bytes(run_dir: Path) -> tuple[int, int]:
+    """(total SOAP state bytes, minimum working set) of the test model."""
+    run = Run(Policy(), run_dir)
+    total = sum(e.nbytes for e in run.store.entries)
+    w = run.store.plan.slot_bytes
+    run.close()
+    return total, w
