@@ -24,6 +24,7 @@ from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
+from asteria_core.tiers import TierFileError, TierStore
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
@@ -120,6 +121,11 @@ class Trainer:
         self.refresh: RefreshEngine | None = None
         if isinstance(self.optimizer, BlockPreconditioner):
             self.refresh = RefreshEngine(self.optimizer, self.policy, self.reporter)
+        # Their state has a home tier under the policy's budgets, prefetched as forward starts.
+        self.tiers: TierStore | None = None
+        if isinstance(self.optimizer, BlockPreconditioner):
+            self.tiers = TierStore(self.optimizer, self.policy, self.run_dir, self.reporter)
+            self.model.register_forward_pre_hook(lambda module, args: self.tiers.announce())
         # Run between steps, outside any step's timing: commands such as pause or checkpoint.
         self.between_steps_hooks: list[BoundaryHook] = []
         self.checkpoint_sinks: list[CheckpointSink] = []
@@ -167,6 +173,8 @@ class Trainer:
         """Release files and meters held by the run; the trainer can not train after this."""
         if self.refresh is not None:
             self.refresh.close()
+        if self.tiers is not None:
+            self.tiers.close()
         self.reporter.close()
         if self._jsonl is not None:
             self._jsonl.close()
@@ -218,6 +226,8 @@ class Trainer:
             version_in_step = self.policy.version
             if self.policy.apply_pending(self.step):
                 self.reporter.set_policy_version(self.policy.version)
+            if self.tiers is not None:
+                self.tiers.on_boundary(self.step)  # migrates after a budget change
             if self.refresh is not None:
                 self.refresh.on_boundary(self.step)
             for hook in self.boundary_hooks:
@@ -242,6 +252,7 @@ class Trainer:
         last = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
         result = TrainResult(run_dir=self.run_dir, step=self.step)
         bar = _progress_bar(self.step, cfg.steps, enabled=progress)
+        state_ok = True
         try:
             while self.step < last:
                 for hook in self.between_steps_hooks:
@@ -258,10 +269,14 @@ class Trainer:
                 if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
                     self.save_checkpoint()
                 _update_bar(bar, record, cfg.log_interval)
+        except TierFileError:
+            state_ok = False  # the step stopped halfway: keep the last good checkpoint
+            raise
         finally:
             if bar is not None:
                 bar.close()
-            self.save_checkpoint()
+            if state_ok:
+                self.save_checkpoint()
         result.step = self.step
         result.stopped_early = self.step < cfg.steps
         return result
