@@ -47,13 +47,13 @@ def test_live_page_shows_the_live_run(dashboard_env, http, live_run):
     assert int(metrics["Step"]) > 0 and float(metrics["Train loss"]) > 0
     assert metrics["Energy (estimate)"].endswith(" J")
     assert "refreshing every 2 s" in texts(at.caption)
-    # loss x2, phases, idle, power, joules, joules/token, staleness max and distribution,
-    # queue depth, background load
-    assert len(charts(at)) == 11
     notes = texts(at.info)
     assert "**Staleness**" not in notes and "**Refresh queue depth**" not in notes
-    if "tier_bytes" not in http.get(f"/runs/{live_run}/steps").json()["steps"][-1]["extra"]:
-        assert "**Tier occupancy**: not reported by this run" in notes
+    tiered = "tier_bytes" in http.get(f"/runs/{live_run}/steps").json()["steps"][-1]["extra"]
+    assert ("**Tier occupancy**: not reported by this run" in notes) is not tiered
+    # loss x2, phases, idle, power, joules, joules/token, staleness max and distribution,
+    # queue depth, background load, and the tiers where the tier store reports
+    assert len(charts(at)) == 11 + tiered
 
 
 def test_live_page_of_a_finished_run(dashboard_env, http, finished_run):
