@@ -77,6 +77,7 @@ class TierStore:
         self._held: dict[int, int] = {}  # index -> slot, while a use holds it
         self._order: list[int] = []
         self._adopted: set[int] = set()
+        self._linger: tuple[int, dict, set[str]] | None = None
         self._homes: dict[tuple, torch.Tensor] = {}  # CUDA only: pinned host homes
         self._host_staged: dict[int, list[Entry]] = {}
         self._prefetched = 0
@@ -176,6 +177,11 @@ class TierStore:
         if not self._offsets.get(index):
             self._prefetch_after(index)
             return
+        if self._linger is not None and self._linger[0] == index:
+            self.hits += 1  # still resident from its last use
+            self._prefetch_after(index)
+            return
+        self._flush()
         load = self._loads.pop(index, None)
         if load is None:
             self.misses += 1
@@ -209,14 +215,25 @@ class TierStore:
             set_leaf(state, e.path, self._homes[e.param, e.path])
         if index not in self._held:
             return
+        # The state stays resident ("lingers") until another parameter is needed, so the
+        # snapshots and swaps of one parameter's blocks at a boundary cost one read and write.
+        dirty = {WRITTEN, READ} if writes == "all" else {WRITTEN} if writes == "step" else set()
+        if self._linger is not None and self._linger[0] == index:
+            dirty |= self._linger[2]
+        self._linger = (index, state, dirty)
+
+    def _flush(self) -> None:
+        """Write back the lingering parameter's dirty files and free its staging buffer."""
+        if self._linger is None:
+            return
+        index, state, dirty = self._linger
+        self._linger = None
         slot = self._held.pop(index)
         for e, off in self._offsets[index]:
             if self.device.type != "cpu":
                 self._view(slot, e, off, staged=False).copy_(get_leaf(state, e.path))
             set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
-        dirty = [g for g in self._groups[index]
-                 if writes == "all" or (writes == "step" and g[1] != READ)]
-        self._submit_write(index, slot, dirty)
+        self._submit_write(index, slot, [g for g in self._groups[index] if g[1] in dirty])
 
     def adopt_all(self) -> None:
         """Place the state now in the optimizer (after its load_state_dict)."""
@@ -310,6 +327,7 @@ class TierStore:
 
     def _drain(self) -> None:
         """Wait for every write; drop prefetched loads (their buffers are clean)."""
+        self._flush()
         for done, out in list(self._loads.values()):
             done.wait()
             if out[0] is not None:
