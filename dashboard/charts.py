@@ -78,10 +78,13 @@ def loss(train: pd.DataFrame, evals: pd.DataFrame, x: str,
 def stacked(data: pd.DataFrame, x: str, *, title: str, y_title: str,
             marks: pd.DataFrame | None = None,
             caps: pd.DataFrame | None = None) -> alt.LayerChart:
-    """Stacked areas by `series`; `caps` (series, value) are drawn as dashed capacity lines."""
-    color = alt.Color("series:N", legend=_legend())
+    """Stacked areas by `series`, in `order` from the bottom; `caps` (series, value) are drawn
+    as dashed capacity lines."""
+    names = list(data.sort_values("order")["series"].unique()) if "order" in data else None
+    color = alt.Color("series:N", legend=_legend(), sort=names)
     layers = [alt.Chart(data).mark_area(opacity=0.85).encode(
         x=_x(x), y=alt.Y("value:Q", title=y_title, stack="zero"), color=color,
+        order=alt.Order("order:Q") if names else alt.Undefined,
         tooltip=["series:N", "step:Q", alt.Tooltip("value:Q", format=".4g")])]
     if caps is not None and not caps.empty:
         layers.append(alt.Chart(caps).mark_rule(strokeDash=[6, 3]).encode(

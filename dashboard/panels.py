@@ -55,7 +55,8 @@ def loss(b: pd.DataFrame, df: pd.DataFrame, marks: pd.DataFrame) -> None:
 
 def time_split(b: pd.DataFrame, marks: pd.DataFrame) -> None:
     left, right = st.columns(2)
-    phases, idle = series.columns(b, "phase_"), series.columns(b, "idle_")
+    phases = series.columns(b, "phase_", series.PHASES)
+    idle = series.columns(b, "idle_", series.IDLE_CAUSES)
     ms = b.assign(**{c: b[c] * 1e3 for c in phases + idle})
     for col, cols, prefix, title in (
             (left, phases, "phase_", "step time by phase (compute, waits excluded)"),
@@ -91,7 +92,7 @@ def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any],
           metric_caps: dict[str, float]) -> None:
     """Bytes per tier, stacked; capacities from the records, else the active run's
     asteria_tier_capacity_bytes, else the policy's non-zero budgets."""
-    used = series.columns(b, "tier_")
+    used = series.columns(b, "tier_", series.TIERS)
     if not used:
         _absent("Tier occupancy", "The tier store reports it once optimizer state is tiered.")
         return

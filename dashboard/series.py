@@ -105,8 +105,11 @@ def frame(buffer: StepBuffer) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def columns(df: pd.DataFrame, prefix: str) -> list[str]:
-    return [c for c in df.columns if c.startswith(prefix) and df[c].notna().any()]
+def columns(df: pd.DataFrame, prefix: str, order: tuple[str, ...] = ()) -> list[str]:
+    """Columns with data whose name starts with prefix; those named in `order` come first."""
+    found = [c for c in df.columns if c.startswith(prefix) and df[c].notna().any()]
+    rank = {prefix + name: i for i, name in enumerate(order)}
+    return sorted(found, key=lambda c: rank.get(c, len(rank)))
 
 
 def binned(df: pd.DataFrame, max_points: int = 400) -> pd.DataFrame:
@@ -123,9 +126,11 @@ def binned(df: pd.DataFrame, max_points: int = 400) -> pd.DataFrame:
 
 
 def long(df: pd.DataFrame, cols: list[str], prefix: str = "") -> pd.DataFrame:
-    """Wide -> long (step, elapsed, series, value) for stacked and multi-line charts."""
+    """Wide -> long (step, elapsed, series, value, order) for stacked and multi-line charts;
+    `order` is the column's place in `cols` (a stack draws the first at the bottom)."""
     out = df[["step", "elapsed", *cols]].melt(id_vars=["step", "elapsed"], var_name="series",
                                                value_name="value").dropna(subset=["value"])
+    out["order"] = out["series"].map({c: i for i, c in enumerate(cols)})
     out["series"] = out["series"].str.removeprefix(prefix)
     return out
 

@@ -4,7 +4,7 @@
 
 A control plane on a free port trains a short AdamW run and then a second run (SOAP by default,
 AdamW at a lower learning rate if the second optimizer fails), each with one policy change
-mid-run; the dashboard runs under `streamlit run`; headless Chromium saves
+mid-run (CHANGE); the dashboard runs under `streamlit run`; headless Chromium saves
 docs/dashboard-live.png (the live view of the second run while it trains) and
 docs/dashboard-compare.png (both runs side by side).
 """
@@ -23,6 +23,10 @@ from tests.backend.conftest import TOKEN, LiveServer, free_port
 from tests.dashboard.stack import ROOT, Dashboard, chromium, wait_until
 
 MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64}
+# The mid-run change: a tighter staleness bound, and a device budget that moves part of the
+# optimizer state (SOAP's ~4.6 MB with this model) to the host tier.
+CHANGE = {"staleness_bound": 4, "swap_delay": 2, "device_budget_bytes": 2_000_000,
+          "offload_mode": "auto"}
 
 
 def config(optim: str, lr: float, steps: int) -> dict:
@@ -33,11 +37,11 @@ def config(optim: str, lr: float, steps: int) -> dict:
 
 
 def train(http: httpx.Client, body: dict, *, change_at: int, wait: bool) -> str:
-    """Start a run, change its staleness bound at `change_at`; wait for the end if asked."""
+    """Start a run, apply CHANGE at `change_at`; wait for the end if asked."""
     run_id = http.post("/runs", json={"config": body}).raise_for_status().json()["id"]
     wait_until(lambda: http.get(f"/runs/{run_id}").json()["step"] >= change_at
                or http.get(f"/runs/{run_id}").json()["status"] != "running", 600, 0.2)
-    http.patch(f"/runs/{run_id}/policy", json={"staleness_bound": 4, "swap_delay": 2})
+    http.patch(f"/runs/{run_id}/policy", json=CHANGE).raise_for_status()
     if wait:
         wait_until(lambda: http.get(f"/runs/{run_id}").json()["status"] != "running", 900, 0.5)
     return run_id
@@ -75,7 +79,7 @@ def main() -> None:
         with Dashboard(free_port(), api.url, TOKEN, data / "streamlit.log") as dash, \
                 sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(path), headless=True)
-            page = browser.new_page(viewport={"width": 1500, "height": 2350})
+            page = browser.new_page(viewport={"width": 1500, "height": 2750})
             page.goto(dash.url)
             page.get_by_text("Policy changes (dashed red lines)").wait_for(timeout=60_000)
             # A slower timer leaves time to shoot between refreshes (a refresh fades the page).

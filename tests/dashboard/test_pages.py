@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import pandas as pd
 import pyarrow as pa
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from tests.backend.conftest import free_port
@@ -122,7 +123,9 @@ def test_runs_page_lists_runs_and_sends_commands(dashboard_env, http, live_run, 
     assert {live_run, finished_run} <= set(table["run"])
     at.button(key="cmd_pause").click().run()
     assert "pause: the run pauses" in texts(at.success)
-    wait_status(http, live_run, "paused")
+    wait_status(http, live_run, "paused")  # at the next step boundary
+    st.cache_data.clear()
+    at.run()  # the page now shows the run paused: resume is enabled
     at.button(key="cmd_resume").click().run()
     assert "resume: the run continues" in texts(at.success)
     wait_status(http, live_run, "running")
