@@ -101,9 +101,8 @@ class TierStore:
     def validate(self, policy: Policy) -> None:
         """LivePolicy validator: the placement must be possible, and its disk dir usable."""
         proposed = plan(self.entries, policy)  # raises PolicyError naming the budget
-        need = proposed.used(self.entries, "disk") + proposed.slot_bytes
-        if need:
-            why = check_writable(self.disk_folder(policy), need)
+        if proposed.slots:
+            why = check_writable(self.disk_folder(policy), proposed.used(self.entries, "disk"))
             if why is not None:
                 raise PolicyError("disk_dir", why)
 
