@@ -204,6 +204,8 @@ def main() -> None:
                         help="interleaved steps per optimizer for the step-time table (0: skip)")
     parser.add_argument("--timing-only", action="store_true",
                         help="reuse the runs in --out; only redo the interleaved timing")
+    parser.add_argument("--append", action="store_true",
+                        help="add these runs to those in --out (e.g. to extend an lr grid)")
     args, overrides = parser.parse_known_args()  # the rest: trainer overrides (--model.n_embd)
     lrs = [float(x) for x in args.lrs.split(",")]
     out = Path(args.out)
@@ -211,7 +213,7 @@ def main() -> None:
     summary = {"machine": f"{platform.machine()}, {args.threads} torch threads, "
                           f"torch {torch.__version__}",
                "steps": args.steps, "overrides": overrides, "lrs": lrs, "runs": []}
-    if args.timing_only:
+    if args.timing_only or args.append:
         summary = json.loads(out.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         for name in ([] if args.timing_only else args.optimizers.split(",")):
