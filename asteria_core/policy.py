@@ -49,6 +49,9 @@ class Policy:
     """torch intra-op threads per refresh worker."""
     worker_kind: str = "thread"
     """thread | process: where refreshes run (processes can be killed when one hangs)."""
+    worker_nice: int = 0
+    """Scheduling niceness of refresh workers (0-19): above 0 they yield the cores to training
+    and fill its idle gaps instead of competing with it."""
     refresh_timeout_ms: int = 30_000
     """How long a step waits at the bound for a late refresh before computing it inline."""
     priority: str = "stale_then_cost"
@@ -73,6 +76,7 @@ class Policy:
         _int_range("worker_threads", self.worker_threads, 1, 256)
         _choice("priority", self.priority, PRIORITIES)
         _choice("worker_kind", self.worker_kind, WORKER_KINDS)
+        _int_range("worker_nice", self.worker_nice, 0, 19)
         _int_range("refresh_timeout_ms", self.refresh_timeout_ms, 1, 86_400_000)
         _int_range("failure_limit", self.failure_limit, 1, 1_000_000)
         _int_range("device_budget_bytes", self.device_budget_bytes, 0, 2**53)

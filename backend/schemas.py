@@ -21,6 +21,7 @@ class PolicyUpdate(BaseModel):
     workers: int | None = Field(default=None, ge=0, le=256)
     worker_threads: int | None = Field(default=None, ge=1, le=256)
     worker_kind: Literal["thread", "process"] | None = None
+    worker_nice: int | None = Field(default=None, ge=0, le=19)
     refresh_timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
     priority: Literal["stale_then_cost", "fifo"] | None = None
     failure_limit: int | None = Field(default=None, ge=1, le=1_000_000)

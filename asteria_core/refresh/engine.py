@@ -101,13 +101,13 @@ class RefreshEngine:
     def _apply_policy(self, policy: Policy) -> None:
         for group in self.opt.param_groups:
             group["precondition_frequency"] = policy.refresh_interval
-        spec = (policy.workers, policy.worker_kind, policy.worker_threads)
+        spec = (policy.workers, policy.worker_kind, policy.worker_threads, policy.worker_nice)
         if spec == self._pool_spec:
             return
         old, self._pool_spec = self._pool, spec
-        self._pool = None if policy.workers == 0 else make_pool(policy.worker_kind,
-                                                                 policy.workers, self.fn,
-                                                                 policy.worker_threads)
+        self._pool = None if policy.workers == 0 else make_pool(
+            policy.worker_kind, policy.workers, self.fn, policy.worker_threads,
+            policy.worker_nice)
         if old is not None:
             # Running jobs finish on the old pool; queued ones move to the new one.
             for item in self._all_outstanding():

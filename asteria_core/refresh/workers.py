@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -97,8 +98,9 @@ class ThreadWorkers:
 
     kind = "thread"
 
-    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1) -> None:
+    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
         self._fn = fn
+        self._nice = nice
         self._queue = _PriorityQueue()
         self._busy = 0
         self._lock = threading.Lock()
@@ -113,6 +115,7 @@ class ThreadWorkers:
         import torch
 
         torch.set_num_threads(self._threads_per_worker)  # per thread: OpenMP's own setting
+        _renice(threading.get_native_id(), self._nice)
         name = threading.current_thread().name
         while (job := self._queue.get()) is not None:
             with self._lock:
@@ -159,10 +162,17 @@ class ThreadWorkers:
         return [t.name for t in self._threads if t.is_alive()]
 
 
-def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int) -> None:
+def _renice(tid: int, nice: int) -> None:
+    """Lower one thread's (Linux) or process's scheduling priority; a no-op for 0."""
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
+def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    _renice(0, nice)
     while (item := inbox.get()) is not None:
         job_id, snapshot, config = item
         t0 = time.perf_counter()
@@ -173,9 +183,10 @@ def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int) -> None:
 
 
 class _Process:
-    def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, outbox: Any) -> None:
+    def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, nice: int,
+                 outbox: Any) -> None:
         self.inbox = ctx.Queue()
-        self.proc = ctx.Process(target=_process_main, args=(self.inbox, outbox, fn, threads),
+        self.proc = ctx.Process(target=_process_main, args=(self.inbox, outbox, fn, threads, nice),
                                 name=f"refresh-worker-{index}", daemon=True)
         self.proc.start()
         self.job: Job | None = None
@@ -190,16 +201,16 @@ class ProcessWorkers:
 
     kind = "process"
 
-    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1) -> None:
+    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
         self._ctx = mp.get_context("spawn")
-        self._fn, self._threads = fn, threads_per_worker
+        self._fn, self._threads, self._nice = fn, threads_per_worker, nice
         self._outbox = self._ctx.Queue()
         self._queue = _PriorityQueue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ids = itertools.count()
         self._jobs: dict[int, tuple[Job, _Process]] = {}
-        self._procs = [_Process(self._ctx, i, fn, threads_per_worker, self._outbox)
+        self._procs = [_Process(self._ctx, i, fn, threads_per_worker, nice, self._outbox)
                        for i in range(n)]
         self._closing = False
         self._dispatcher = threading.Thread(target=self._dispatch, name="refresh-dispatch",
@@ -259,7 +270,7 @@ class ProcessWorkers:
                     proc.proc.join(5)
                     index = self._procs.index(proc)
                     self._procs[index] = _Process(self._ctx, index, self._fn, self._threads,
-                                                  self._outbox)
+                                                  self._nice, self._outbox)
                     self._idle.notify_all()
 
     @property
@@ -294,11 +305,11 @@ class ProcessWorkers:
         return left
 
 
-def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int):
+def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: int = 0):
     match kind:
         case "thread":
-            return ThreadWorkers(n, fn, threads_per_worker)
+            return ThreadWorkers(n, fn, threads_per_worker, nice)
         case "process":
-            return ProcessWorkers(n, fn, threads_per_worker)
+            return ProcessWorkers(n, fn, threads_per_worker, nice)
         case _:
             raise NotImplementedError(kind)
