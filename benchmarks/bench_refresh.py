@@ -7,7 +7,8 @@ Model: a 3.3M-parameter GPT (n_embd 256, 4 layers, batch 16 x 128 tokens) whose 
 (every 10 steps) is a large share of a native step on a CPU. Each configuration trains the same
 seed for the same steps; the table gives step-time p50/p99/max/mean (steps after the first 10,
 which hold the initial eigendecompositions of every variant), and the final validation loss.
-Writes benchmarks/results/refresh.json and a step-time trace plot refresh_steps.png.
+Writes benchmarks/results/refresh.json and a step-time trace plot refresh_steps.png
+(both named after --out).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def configs(sweep: bool) -> list[tuple[str, list[str]]]:
         ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
     native = ["--policy.workers", "0", "--policy.swap_delay", "0"]
 
-    def asteria(bound: int, train_threads: int, kind: str = "thread") -> list[str]:
+    def asteria(bound: int, train_threads: int, kind: str = "thread", nice: int = 0,
+                mode: str = "deterministic") -> list[str]:
         return ["--policy.workers", "1", "--policy.staleness_bound", str(bound),
                 "--policy.swap_delay", str(bound), "--train.threads", str(train_threads),
-                "--policy.worker_kind", kind]
+                "--policy.worker_kind", kind, "--policy.worker_nice", str(nice),
+                "--policy.swap_mode", mode]
 
     out = [
         ("AdamW", ["--optim.name", "adamw", "--optim.lr", "3e-3"]),
@@ -44,11 +47,14 @@ def configs(sweep: bool) -> list[tuple[str, list[str]]]:
         ("Asteria-SOAP (train 2 thr + 1 worker)", soap + asteria(8, 2)),
         ("Asteria-SOAP (train 1 thr + 1 worker)", soap + asteria(8, 1)),
         ("Asteria-SOAP (train 1 thr + 1 process worker)", soap + asteria(8, 1, "process")),
+        ("Asteria-SOAP (train 2 thr + 1 worker, nice 19)", soap + asteria(10, 2, nice=19)),
+        ("Asteria-SOAP (train 2 thr + 1 worker, nice 19, opportunistic)",
+         soap + asteria(10, 2, nice=19, mode="opportunistic")),
         ("native KL-Shampoo", kl + native),
-        ("Asteria-KL-Shampoo (train 1 thr + 1 worker)", kl + asteria(8, 1)),
+        ("Asteria-KL-Shampoo (train 2 thr + 1 worker, nice 19)", kl + asteria(10, 2, nice=19)),
     ]
     if sweep:
-        out += [(f"Asteria-SOAP S={s}", soap + asteria(s, 1)) for s in (1, 2, 3, 5, 10)]
+        out += [(f"Asteria-SOAP S={s}", soap + asteria(s, 2, nice=19)) for s in (1, 2, 3, 5, 10)]
     return out
 
 
@@ -99,11 +105,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--only", help="run only configurations whose label contains this")
     parser.add_argument("--out", default="benchmarks/results/refresh.json")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, extra in configs(args.sweep):
+            if args.only and args.only not in label:
+                continue
             results.append(run(label, extra, args.steps, tmp))
             r = results[-1]
             print(f"{label}: p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, mean "
@@ -111,7 +120,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"steps": args.steps, "results": results}, indent=2))
-    plot(results, out.with_name("refresh_steps.png"))
+    plot(results, out.with_name(out.stem + "_steps.png"))
     print(f"\n{results[0]['params'] / 1e6:.1f}M parameters, {args.steps} steps, refresh every "
           "10 steps\n\n| config | p50 ms | p99 ms | max ms | mean ms | p99/p50 | refresh wait s "
           "| max staleness | val loss | wall s |\n|---|---|---|---|---|---|---|---|---|---|")
