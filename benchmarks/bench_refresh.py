@@ -94,8 +94,9 @@ def plot(results: list[dict], path: Path) -> None:
         if "S=" not in r["label"]:
             ax.plot(r["trace_ms"], label=r["label"], linewidth=1)
     ax.set_xlabel("step")
-    ax.set_ylabel("step time (ms, measured)")
-    ax.set_title("Step time per step: native refreshes spike, Asteria's run off the path")
+    ax.set_ylabel("step time (ms, measured; log scale)")
+    ax.set_yscale("log")
+    ax.set_title("Step time per step, refresh every 10 steps")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
