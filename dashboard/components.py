@@ -48,6 +48,19 @@ def guard() -> Iterator[None]:
         st.error(f"Unexpected error: {type(err).__name__}: {err}", icon=":material/error:")
 
 
+def selected_run() -> tuple[str, dict[str, Any]] | None:
+    """(base URL, run) of the run picked in the sidebar, with its status banner shown;
+    None, with a notice, when there is no run yet."""
+    run_id = state.selected_run()
+    if run_id is None:
+        st.info("No run yet: start one on the Runs page.", icon=":material/info:")
+        return None
+    base = state.url()
+    run = state.run(base, run_id)
+    run_banner(run)
+    return base, run
+
+
 def run_banner(run: dict[str, Any]) -> None:
     rid, status, step = run["id"], run["status"], run["step"]
     where = f"at step {step} of {run['total_steps']}"

@@ -56,13 +56,11 @@ def draw(base: str, run: dict[str, Any]) -> None:
 
 def main() -> None:
     st.title("Live view")
-    run_id = state.selected_run()
-    if run_id is None:
-        st.info("No run yet: start one on the Runs page.", icon=":material/info:")
+    picked = components.selected_run()
+    if picked is None:
         return
-    base = state.url()
-    run = state.run(base, run_id)
-    components.run_banner(run)
+    base, run = picked
+    run_id = run["id"]
     live = run["status"] in ACTIVE and st.session_state.get("live", True)
     every = st.session_state.get("refresh_s", 2) if live else None
     optim = run["config"].get("optim", {}).get("name", "?")

@@ -16,13 +16,11 @@ def _when(t: float | None) -> str:
 
 def main() -> None:
     st.title("Policy")
-    run_id = state.selected_run()
-    if run_id is None:
-        st.info("No run yet: start one on the Runs page.", icon=":material/info:")
+    picked = components.selected_run()
+    if picked is None:
         return
-    base = state.url()
-    run = state.run(base, run_id)
-    components.run_banner(run)
+    base, run = picked
+    run_id = run["id"]
 
     st.subheader("Change it")
     components.policy_form(run)
