@@ -100,7 +100,8 @@ def create_app(settings: Settings | None = None,
                   f"{token}", flush=True)
         app.state.store, app.state.token = store, token
         app.state.events = Broadcaster()
-        app.state.manager = RunManager(store, app.state.events, settings.runs_dir)
+        app.state.manager = RunManager(store, app.state.events, settings.runs_dir,
+                                       live_window=settings.live_steps_window)
         app.state.metrics = lambda: _metrics(app)
         if settings.start_default_run:
             app.state.manager.start(default_config or default_run_config())

@@ -1,4 +1,5 @@
-"""Request dependencies as Annotated aliases."""
+"""Request dependencies as Annotated aliases; async because they never block (a plain
+`def` dependency would cost every request a thread-pool round trip)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from backend.runs import RunManager
 from backend.store import RunStore
 
 
-def get_manager(request: Request) -> RunManager:
+async def get_manager(request: Request) -> RunManager:
     return request.app.state.manager
 
 
-def get_store(request: Request) -> RunStore:
+async def get_store(request: Request) -> RunStore:
     return request.app.state.store
 
 
-def require_token(request: Request) -> str:
+async def require_token(request: Request) -> str:
     """401 unless the bearer token matches; returns a client label for the audit log."""
     if not token_matches(request.headers.get("authorization"), request.app.state.token):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",

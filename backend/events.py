@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,9 @@ class Event:
     kind: str
     """step | policy | status"""
     run_id: str
-    data: dict[str, Any]
+    data: dict[str, Any] | None = None
+    text: str = ""
+    """`data` as JSON: made once at publish (or given), sent as is to every subscriber."""
 
 
 @dataclass(slots=True, eq=False)
@@ -43,6 +46,8 @@ class Broadcaster:
             self._subs.discard(sub)
 
     def publish(self, event: Event) -> None:
+        if not event.text:
+            event.text = json.dumps(event.data)
         with self._lock:
             subs = [s for s in self._subs if s.run_id in (None, event.run_id)]
         for sub in subs:

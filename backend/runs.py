@@ -9,6 +9,7 @@ run store (batched) and to live-event subscribers.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import queue
 import threading
@@ -24,6 +25,7 @@ from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.records import StepRecord
 from asteria_core.train.trainer import Trainer
 from backend.events import Broadcaster, Event
+from backend.live import LiveView
 from backend.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -48,11 +50,15 @@ class ActiveRun:
     trainer: Trainer | None = None
     thread: threading.Thread | None = None
     paused: bool = False
+    live: LiveView | None = None
+    """The run's row and newest steps, served to polling clients from memory."""
 
 
 class RunManager:
-    def __init__(self, store: RunStore, events: Broadcaster, runs_dir: Path) -> None:
+    def __init__(self, store: RunStore, events: Broadcaster, runs_dir: Path, *,
+                 live_window: int = 10_000) -> None:
         self.store = store
+        self.live_window = live_window
         self.events = events
         self.runs_dir = runs_dir
         self._lock = threading.Lock()
@@ -66,15 +72,29 @@ class RunManager:
         return self._active
 
     def get(self, run_id: str) -> dict[str, Any]:
+        live = self._live(run_id)
+        if live is not None:
+            return live.row()
         row = self.store.get_run(run_id)
         if row is None:
             raise RunNotFound(run_id)
+        return row
+
+    def _live(self, run_id: str) -> LiveView | None:
         active = self._active
         if active is not None and active.run_id == run_id:
-            row["status"] = "paused" if active.paused else row["status"]
-            if active.trainer is not None:
-                row["step"] = active.trainer.step
-        return row
+            return active.live
+        return None
+
+    def live_run_json(self, run_id: str) -> bytes | None:
+        """The active run's `RunPublic` as JSON, or None if `run_id` is not the active run."""
+        live = self._live(run_id)
+        return live.row_json() if live is not None else None
+
+    def live_steps_json(self, run_id: str, since: int, limit: int) -> bytes | None:
+        """A `StepPage` from memory, or None when the store must answer."""
+        live = self._live(run_id)
+        return live.steps_json(since, limit) if live is not None else None
 
     def _require_active(self, run_id: str) -> ActiveRun:
         self.get(run_id)  # 404 first
@@ -152,6 +172,8 @@ class RunManager:
             raise RunConflict(f"run {self._active.run_id} is active; one active run per trainer")
 
     def _launch(self, active: ActiveRun) -> None:
+        active.live = LiveView(self.store.get_run(active.run_id), window=self.live_window)
+        active.live.update(status="running", policy_version=active.policy.version)
         self._active = active
         active.thread = threading.Thread(target=self._train, args=(active,),
                                          name=f"train-{active.run_id}", daemon=True)
@@ -167,8 +189,7 @@ class RunManager:
             self.last_telemetry = trainer.telemetry
             trainer.between_steps_hooks.append(lambda step: self._drain(active))
             trainer.record_sinks.append(lambda record: self._on_record(active, record))
-            trainer.checkpoint_sinks.append(
-                lambda step, path: self.store.set_checkpoint(active.run_id, step))
+            trainer.checkpoint_sinks.append(lambda step, path: self._on_checkpoint(active, step))
             try:
                 result = trainer.train(progress=False)
             finally:
@@ -189,12 +210,18 @@ class RunManager:
         data = dataclasses.asdict(change)
         self.store.add_policy_change(active.run_id, data)
         self.store.set_policy(active.run_id, active.policy.current.to_dict(), change.version)
+        active.live.update(policy_version=change.version)
         self.events.publish(Event("policy", active.run_id, data))
 
     def _on_record(self, active: ActiveRun, record: StepRecord) -> None:
-        data = record.to_dict()
-        self.store.add_step(active.run_id, data)
-        self.events.publish(Event("step", active.run_id, data))
+        text = json.dumps(record.to_dict())  # once, for the store, the live view and SSE
+        self.store.add_step(active.run_id, record.step, text)
+        active.live.add_step(record.step, text)
+        self.events.publish(Event("step", active.run_id, text=text))
+
+    def _on_checkpoint(self, active: ActiveRun, step: int) -> None:
+        self.store.set_checkpoint(active.run_id, step)
+        active.live.update(checkpoint_step=step)
 
     def _drain(self, active: ActiveRun) -> None:
         """Between steps: run queued commands; while paused, wait here for the next one."""
@@ -224,4 +251,5 @@ class RunManager:
 
     def _publish_status(self, active: ActiveRun, status: str) -> None:
         self.store.set_status(active.run_id, status)
+        active.live.update(status=status)
         self.events.publish(Event("status", active.run_id, {"status": status}))

@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     """Start a run on the embedded default corpus when the server starts."""
     store_flush_seconds: float = Field(default=0.5, gt=0, le=60)
     """Step records are written to SQLite in batches at most this far apart."""
+    live_steps_window: int = Field(default=10_000, ge=1, le=1_000_000)
+    """The active run's newest step records kept in memory for polling clients."""
 
     @property
     def resolved_db_path(self) -> Path:

@@ -111,11 +111,10 @@ class RunStore:
         self._put("UPDATE runs SET checkpoint_step=?, updated_at=? WHERE id=?",
                   (step, time.time(), run_id), urgent=True)
 
-    def add_step(self, run_id: str, record: dict[str, Any]) -> None:
+    def add_step(self, run_id: str, step: int, record_json: str) -> None:
         self._put("INSERT OR REPLACE INTO steps (run_id, step, record) VALUES (?, ?, ?)",
-                  (run_id, record["step"], json.dumps(record)))
-        self._put("UPDATE runs SET step=?, updated_at=? WHERE id=?",
-                  (record["step"], time.time(), run_id))
+                  (run_id, step, record_json))
+        self._put("UPDATE runs SET step=?, updated_at=? WHERE id=?", (step, time.time(), run_id))
 
     def set_policy(self, run_id: str, policy: dict[str, Any], version: int) -> None:
         self._put("UPDATE runs SET policy=?, policy_version=?, updated_at=? WHERE id=?",

@@ -5,9 +5,15 @@ clients, in alternating windows of one run, so the ratio is measured side by sid
 
     .venv/bin/python benchmarks/bench_api.py --window 20 --rounds 3
 
-The server (which trains the default model with 1 intra-op thread) is pinned to CPU 0 and this
-load generator to CPU 1 (where the machine has two or more), so the step-time ratio shows what
-serving costs the training process, not what running the clients costs the machine.
+The server trains the served default run (SOAP, one host refresh worker) with 1 intra-op thread.
+On this 2-core machine two CPU layouts are measured, one server each:
+
+- `pinned` (what a deployment does, and the target's layout): the training thread is pinned to
+  CPU 0 with `--train.cpus 0` (its refresh worker inherits it); the server's other threads (event
+  loop, store writer) and this load generator share CPU 1. What is left is what serving costs the
+  training thread inside one process: the GIL and caches.
+- `shared` (worst case): the whole server process on CPU 0, so every request's CPU time is taken
+  from training; the load generator on CPU 1.
 """
 
 from __future__ import annotations
@@ -26,14 +32,18 @@ from pathlib import Path
 import httpx
 
 TOKEN = "bench-token"
+LAYOUTS = ("pinned", "shared")
 
 
-def start_server(port: int, data_dir: str) -> subprocess.Popen:
+def start_server(port: int, data_dir: str, layout: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "asteria_core.cli", "serve", "--port", str(port),
            "--data-dir", data_dir, "--train.steps", "1000000", "--train.threads", "1",
            "--train.eval_interval", "100000"]
     if os.cpu_count() and os.cpu_count() >= 2:
-        cmd = ["taskset", "-c", "0", *cmd]
+        if layout == "pinned":
+            cmd = ["taskset", "-c", "1", *cmd, "--train.cpus", "0"]
+        else:
+            cmd = ["taskset", "-c", "0", *cmd]
         os.sched_setaffinity(0, {1})
     return subprocess.Popen(cmd, env={**os.environ, "ASTERIA_TOKEN": TOKEN},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -83,16 +93,10 @@ def step_times(base: str, run_id: str, t0: float, t1: float) -> list[float]:
             s["time"] <= t1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--window", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--port", type=int, default=8791)
-    parser.add_argument("--out", default="benchmarks/results/api.json")
-    args = parser.parse_args()
-    base = f"http://127.0.0.1:{args.port}"
+def measure(layout: str, port: int, window: float, rounds: int) -> dict:
+    base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
-        proc = start_server(args.port, tmp)
+        proc = start_server(port, tmp, layout)
         try:
             deadline = time.time() + 120
             while True:
@@ -106,24 +110,26 @@ def main() -> None:
                 time.sleep(0.2)
             time.sleep(5)  # let the first steps warm up
             quiet, loaded, latencies, events = [], [], [], 0
-            for r in range(args.rounds):
+            for r in range(rounds):
                 t0 = time.time()
-                time.sleep(args.window)
+                time.sleep(window)
                 quiet += step_times(base, run_id, t0, time.time())
                 t0 = time.time()
-                lat, n_events = asyncio.run(load_window(base, run_id, args.window))
+                lat, n_events = asyncio.run(load_window(base, run_id, window))
                 loaded += step_times(base, run_id, t0, time.time())
                 latencies += lat
                 events += n_events
-                print(f"round {r + 1}/{args.rounds}: quiet {statistics.median(quiet) * 1e3:.1f} ms,"
-                      f" loaded {statistics.median(loaded) * 1e3:.1f} ms, "
+                print(f"{layout} round {r + 1}/{rounds}: quiet "
+                      f"{statistics.median(quiet) * 1e3:.1f} ms, loaded "
+                      f"{statistics.median(loaded) * 1e3:.1f} ms, "
                       f"{len(lat)} requests", flush=True)
         finally:
             proc.terminate()
             proc.wait(60)
     lat_ms = sorted(x * 1e3 for x in latencies)
-    result = {
+    return {
         "requests": len(lat_ms),
+        "requests_per_second": len(lat_ms) / (window * rounds),
         "api_p50_ms": lat_ms[len(lat_ms) // 2],
         "api_p99_ms": lat_ms[int(len(lat_ms) * 0.99)],
         "sse_events_received": events,
@@ -132,13 +138,29 @@ def main() -> None:
         "slowdown": statistics.median(loaded) / statistics.median(quiet) - 1,
         "steps_quiet": len(quiet), "steps_loaded": len(loaded),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--out", default="benchmarks/results/api.json")
+    args = parser.parse_args()
+    results = {layout: measure(layout, args.port, args.window, args.rounds)
+               for layout in args.layouts}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print("\n| requests | API p50 ms | API p99 ms | step ms quiet | step ms loaded | slowdown |")
-    print("|---|---|---|---|---|---|")
-    print(f"| {result['requests']} | {result['api_p50_ms']:.1f} | {result['api_p99_ms']:.1f} | "
-          f"{result['step_ms_quiet_median']:.1f} | {result['step_ms_loaded_median']:.1f} | "
-          f"{result['slowdown'] * 100:+.1f}% |")
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print("\n| layout | requests/s | API p50 ms | API p99 ms | SSE events | step ms quiet "
+          "| step ms loaded | slowdown |")
+    print("|---|---|---|---|---|---|---|---|")
+    for layout, r in results.items():
+        print(f"| {layout} | {r['requests_per_second']:.0f} | {r['api_p50_ms']:.1f} | "
+              f"{r['api_p99_ms']:.1f} | {r['sse_events_received']} | "
+              f"{r['step_ms_quiet_median']:.1f} | {r['step_ms_loaded_median']:.1f} | "
+              f"{r['slowdown'] * 100:+.1f}% |")
 
 
 if __name__ == "__main__":

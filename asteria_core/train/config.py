@@ -9,6 +9,9 @@ Loading from TOML/YAML files and `--section.key value` overrides lives in `confi
 from __future__ import annotations
 
 import math
+import os
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +47,19 @@ def _finite_in(key: str, value: float, lo: float, hi: float, *, lo_open: bool = 
 
 def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, key, value, " | ".join(choices))
+
+
+def parse_cpu_list(key: str, text: str) -> frozenset[int]:
+    """A Linux CPU list such as "0-3,6" as a set of CPU ids; ConfigError naming `key` if bad."""
+    allowed = "a CPU list such as '0' or '0-3,6' of CPUs this machine has, or empty"
+    cpus: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        _check(match is not None, key, text, allowed)
+        first, last = int(match[1]), int(match[2] or match[1])
+        _check(first <= last < (os.cpu_count() or 1), key, text, allowed)
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -184,6 +200,10 @@ class TrainConfig:
     """Path of a checkpoint to resume from; empty starts fresh."""
     threads: int = 0
     """torch intra-op threads for training; 0 keeps torch's default."""
+    cpus: str = ""
+    """CPUs the training thread runs on, as a Linux CPU list ("0-3,6"); threads it starts later
+    (intra-op pool, refresh workers) inherit them. Empty lets the OS schedule it anywhere. Pinning
+    keeps the control plane's threads off the training cores. Linux only."""
 
     def __post_init__(self) -> None:
         _positive_int("train.steps", self.steps)
@@ -194,6 +214,10 @@ class TrainConfig:
         _one_of("train.device", self.device, DEVICES)
         _non_negative_int("train.checkpoint_interval", self.checkpoint_interval)
         _non_negative_int("train.threads", self.threads)
+        if self.cpus:
+            _check(sys.platform.startswith("linux"), "train.cpus", self.cpus,
+                   "empty on this platform (pinning needs Linux)")
+            parse_cpu_list("train.cpus", self.cpus)
         if self.resume and not Path(self.resume).expanduser().is_file():
             raise ConfigError(f"train.resume: checkpoint {self.resume!r} does not exist; "
                               "allowed: an existing checkpoint file, or empty")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 import uuid
@@ -26,7 +27,7 @@ from asteria_core.refresh import RefreshEngine
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
 from asteria_core.tiers import TierFileError, TierStore
 from asteria_core.train import checkpoint as ckpt
-from asteria_core.train.config import RunConfig
+from asteria_core.train.config import RunConfig, parse_cpu_list
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.data import (
     BatchLoader,
@@ -87,6 +88,8 @@ class Trainer:
         self.run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.run_dir = Path(config.train.out_dir).expanduser() / self.run_id
         self.device = resolve_device(config.train.device)
+        if config.train.cpus:  # before any thread is started, so they inherit the CPUs
+            os.sched_setaffinity(0, parse_cpu_list("train.cpus", config.train.cpus))
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
         seed_everything(config.train.seed)

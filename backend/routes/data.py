@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from backend.deps import Manager
@@ -17,19 +17,26 @@ router = APIRouter(tags=["data"])
 KEEPALIVE_SECONDS = 15.0
 
 
-def existing_run(run_id: str, manager: Manager) -> str:
-    manager.get(run_id)  # RunNotFound -> 404, before any response starts
+async def existing_run(run_id: str, manager: Manager) -> str:
+    """404 (RunNotFound) before any response starts; the active run needs no store read."""
+    if manager.live_run_json(run_id) is None:
+        await run_in_threadpool(manager.get, run_id)
     return run_id
 
 
 RunId = Annotated[str, Depends(existing_run)]
 
 
-@router.get("/runs/{run_id}/steps", responses={404: {"description": "no such run"}})
-def get_steps(run_id: RunId, manager: Manager,
-              since: Annotated[int, Query(ge=0, le=2**53)] = 0,
-              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> StepPage:
-    steps = manager.store.steps(run_id, since, limit)
+@router.get("/runs/{run_id}/steps", response_model=StepPage,
+            responses={404: {"description": "no such run"}})
+async def get_steps(run_id: RunId, manager: Manager,
+                    since: Annotated[int, Query(ge=0, le=2**53)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
+    """Step records after `since`: the active run's newest from memory, the rest from the store."""
+    body = manager.live_steps_json(run_id, since, limit)
+    if body is not None:
+        return Response(body, media_type="application/json")
+    steps = await run_in_threadpool(manager.store.steps, run_id, since, limit)
     return StepPage(run_id=run_id, steps=steps, next_since=steps[-1]["step"] if steps else since)
 
 
@@ -46,7 +53,7 @@ async def run_events(run_id: RunId, request: Request) -> AsyncIterator[ServerSen
             except TimeoutError:
                 yield ServerSentEvent(comment="keepalive")
                 continue
-            yield ServerSentEvent(raw_data=json.dumps(event.data), event=event.kind)
+            yield ServerSentEvent(raw_data=event.text, event=event.kind)
     finally:
         events.unsubscribe(sub)
 

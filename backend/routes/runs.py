@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
+from fastapi.concurrency import run_in_threadpool
 
 from asteria_core.train.config_io import config_from_dict
 from backend.deps import Client, Manager
@@ -34,9 +35,14 @@ def list_runs(manager: Manager) -> list[RunPublic]:
     return [RunPublic.model_validate(row) for row in manager.store.list_runs()]
 
 
-@router.get("/{run_id}", responses={404: {"description": "no such run"}})
-def get_run(run_id: str, manager: Manager) -> RunPublic:
-    return RunPublic.model_validate(manager.get(run_id))
+@router.get("/{run_id}", response_model=RunPublic,
+            responses={404: {"description": "no such run"}})
+async def get_run(run_id: str, manager: Manager) -> Response:
+    """The active run from memory (polled often), any other from the store."""
+    body = manager.live_run_json(run_id)
+    if body is not None:
+        return Response(body, media_type="application/json")
+    return RunPublic.model_validate(await run_in_threadpool(manager.get, run_id))
 
 
 def _command_route(command: str) -> None:

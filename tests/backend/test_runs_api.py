@@ -125,3 +125,28 @@ def test_metrics_keep_the_last_run_after_it_ends(client):
     assert families["asteria_steps"].samples[0].value == 5
     info = families["asteria_run_info"].samples[0].labels
     assert info["run_id"] == run_id
+
+
+def test_steps_page_across_the_live_window_and_the_store(server_factory):
+    """Polling with `since` while the run trains crosses from store pages (older than the
+    in-memory window) to memory pages without a gap or a repeat, and both agree."""
+    with server_factory(live_steps_window=4) as live, \
+            httpx.Client(base_url=live.url, timeout=30,
+                         headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        run_id = _start(client)
+        wait_for(lambda: _run(client, run_id)["step"] >= 20)
+        seen, since = [], 0
+        while len(seen) < 40:
+            page = client.get(f"/runs/{run_id}/steps", params={"since": since, "limit": 3})
+            assert page.status_code == 200, page.text
+            seen += page.json()["steps"]
+            since = page.json()["next_since"]
+        assert [s["step"] for s in seen] == list(range(1, len(seen) + 1))
+        live_row = _run(client, run_id)
+        client.post(f"/runs/{run_id}/stop")
+        wait_for(lambda: _run(client, run_id)["status"] == "stopped")
+        stored = client.get(f"/runs/{run_id}/steps", params={"limit": 40}).json()["steps"]
+        assert stored == seen  # the store holds exactly what was served from memory
+        final = _run(client, run_id)
+        assert {k: final[k] for k in ("id", "total_steps", "config", "run_dir", "created_at")} \
+            == {k: live_row[k] for k in ("id", "total_steps", "config", "run_dir", "created_at")}

@@ -50,6 +50,9 @@ def test_yaml_file(tmp_path):
         ("[model]\nn_head = 3\n", "model.n_head: got 3; allowed: a divisor of model.n_embd"),
         ("[data]\ncorpus = \"/no/such/corpus\"\n", "data.corpus: path '/no/such/corpus' does not"),
         ("[optim]\nname = \"sgd\"\n", "optim.name: got 'sgd'; allowed: adamw | soap"),
+        ("[train]\ncpus = \"0-\"\n", "train.cpus: got '0-'; allowed: a CPU list"),
+        ("[train]\ncpus = \"3-1\"\n", "train.cpus: got '3-1'; allowed: a CPU list"),
+        ("[train]\ncpus = \"4096\"\n", "train.cpus: got '4096'; allowed: a CPU list"),
     ],
 )
 def test_bad_config_file_names_the_key(tmp_path, text, message):

@@ -1,5 +1,7 @@
 import dataclasses
 import json
+import os
+import threading
 
 import pytest
 import torch
@@ -61,6 +63,24 @@ def test_boundary_hooks_run_once_per_step_after_the_update(tiny):
     trainer.boundary_hooks.append(lambda step: calls.append((step, trainer.step)))
     trainer.train(progress=False)
     assert calls == [(s, s) for s in range(1, 6)]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs Linux")
+def test_train_cpus_pins_the_training_thread_only(tiny):
+    """The trainer pins the thread that builds it; the rest of the process keeps its CPUs."""
+    config = tiny(steps=2)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, cpus="0"))
+    before, seen = os.sched_getaffinity(0), {}
+
+    def train_in_thread() -> None:
+        Trainer(config, jsonl=False).train(progress=False)
+        seen["train"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=train_in_thread)
+    thread.start()
+    thread.join()
+    assert seen["train"] == {0}
+    assert os.sched_getaffinity(0) == before
 
 
 def test_request_stop_ends_at_a_boundary_with_a_checkpoint(tiny):
