@@ -56,6 +56,10 @@ class Policy:
     """How long a step waits at the bound for a late refresh before computing it inline."""
     priority: str = "stale_then_cost"
     """Refresh queue order: stale_then_cost (most stale, then most expensive) | fifo."""
+    pace: bool = True
+    """Spread each refresh round's jobs over the steps before its swap (min(d, S, refresh
+    interval) steps, by cost), so the workers load every step evenly instead of a burst at each
+    refresh point. Timing only: the results and the steps they are swapped in at do not change."""
     failure_limit: int = 3
     """Consecutive failed refreshes of one block before the run stops with a checkpoint."""
     device_budget_bytes: int = 0
@@ -78,6 +82,8 @@ class Policy:
         _choice("worker_kind", self.worker_kind, WORKER_KINDS)
         _int_range("worker_nice", self.worker_nice, 0, 19)
         _int_range("refresh_timeout_ms", self.refresh_timeout_ms, 1, 86_400_000)
+        if not isinstance(self.pace, bool):
+            raise PolicyError("pace", f"got {self.pace!r}; allowed: true | false")
         _int_range("failure_limit", self.failure_limit, 1, 1_000_000)
         _int_range("device_budget_bytes", self.device_budget_bytes, 0, 2**53)
         _int_range("host_budget_bytes", self.host_budget_bytes, 0, 2**53)

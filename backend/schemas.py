@@ -24,6 +24,7 @@ class PolicyUpdate(BaseModel):
     worker_nice: int | None = Field(default=None, ge=0, le=19)
     refresh_timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
     priority: Literal["stale_then_cost", "fifo"] | None = None
+    pace: bool | None = None
     failure_limit: int | None = Field(default=None, ge=1, le=1_000_000)
     device_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)
     host_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)

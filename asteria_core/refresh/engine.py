@@ -6,7 +6,11 @@ At each step boundary (after the optimizer update of step t) the engine
    opportunistic mode as soon as it is ready. Either way it waits when the next step would
    otherwise use a basis more than S steps behind a refresh that fell due (the bound);
 2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
-   stale first, then most expensive (d = 0 swaps them at this same boundary);
+   stale first, then most expensive (d = 0 swaps them at this same boundary). With `pace` on,
+   a round's jobs are released to the workers over the next W = min(d, S, refresh interval)
+   boundaries, an equal share of the round's cost at each, so every step carries the same
+   background load instead of one step taking the whole burst; a job still held when its swap
+   comes is released at once. Pacing moves work in time only: results and swap steps are the same;
 3. reports staleness, queue depth, background load, failures and waits.
 
 Staleness of a block, as seen by step u, is u - s when a refresh from step s is outstanding
@@ -50,6 +54,8 @@ class Outstanding:
     """None for an inline refresh (workers = 0), whose result is already in `result`."""
     result: RefreshResult | None = None
     error: str | None = None
+    release_step: int | None = None
+    """While held back by pacing: the boundary at which the job goes to the workers."""
 
 
 class RefreshEngine:
@@ -74,6 +80,7 @@ class RefreshEngine:
         self._pool = None
         self._pool_spec: tuple | None = None
         self._retired: list = []
+        self._held: list[Outstanding] = []
         self._last_boundary: float | None = None
         self._step_seconds = 0.0
         self._mode = ""
@@ -93,8 +100,9 @@ class RefreshEngine:
         self._apply_policy(policy)
         t = self.opt.num_steps
         self._swap_due(t, policy)
-        for key in self.opt.due_blocks():
-            self._start(key, t, policy)
+        started = [self._start(key, t, policy) for key in self.opt.due_blocks()]
+        self._pace([item for item in started if item.job is not None], t, policy)
+        self._release(t)
         self._swap_due(t, policy)  # d = 0: this boundary's own refreshes
         self._report(t, policy)
 
@@ -114,6 +122,11 @@ class RefreshEngine:
                 job = item.job
                 if job is None or job.started_at is not None:
                     continue
+                if item.release_step is not None:
+                    if self._pool is not None:
+                        continue  # held by pacing: goes to the new pool when released
+                    self._held.remove(item)
+                    item.release_step = None
                 old.abandon(job)
                 if self._pool is None:  # now inline: compute it here
                     item.job = None
@@ -123,7 +136,7 @@ class RefreshEngine:
                     self._pool.submit(item.job)
             self._retired.append(old)
 
-    def _start(self, key: BlockKey, t: int, policy: Policy) -> None:
+    def _start(self, key: BlockKey, t: int, policy: Policy) -> Outstanding:
         snapshot = self.opt.snapshot(key)
         config = self.opt.refresh_config(key)
         item = Outstanding(key, t, None)
@@ -134,8 +147,30 @@ class RefreshEngine:
             tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
                 len(self.blocks) and list(self.blocks).index(key)
             item.job = Job(snapshot, config, priority=(t, tie))
-            self._pool.submit(item.job)
         self.outstanding[key].append(item)
+        return item
+
+    def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
+        """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each:
+        in queue order (most expensive first), each job to the least loaded boundary."""
+        window = min(policy.staleness_bound, policy.refresh_interval)
+        if policy.swap_mode == "deterministic":
+            window = min(window, policy.swap_delay)
+        load = [0.0] * (max(window, 1) if policy.pace else 1)
+        for item in sorted(items, key=lambda item: item.job.priority):
+            slot = load.index(min(load))
+            load[slot] += self.blocks[item.key].cost
+            item.release_step = t + slot
+            self._held.append(item)
+
+    def _release(self, t: int) -> None:
+        for item in [i for i in self._held if i.release_step <= t]:
+            self._submit(item)
+
+    def _submit(self, item: Outstanding) -> None:
+        self._held.remove(item)
+        item.release_step = None
+        self._pool.submit(item.job)
 
     def _run_inline(self, item: Outstanding, snapshot, config, fn: RefreshFn | None = None
                     ) -> None:
@@ -167,6 +202,8 @@ class RefreshEngine:
         job = item.job
         if job is None:
             return  # computed inline: result or error is already there
+        if item.release_step is not None:
+            self._submit(item)  # still held by pacing: its swap has come
         if not job.done.is_set():
             t0 = time.perf_counter()
             with self.reporter.wait("refresh_wait"):

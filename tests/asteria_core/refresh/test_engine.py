@@ -217,3 +217,45 @@ def test_workers_resize_mid_run_without_losing_work_and_shutdown_joins_all():
     assert engine.failures == 0 and engine.inline_fallbacks == 0
     assert not [t for t in set(threading.enumerate()) - before
                 if t.name.startswith("refresh-")]
+
+
+def test_pacing_spreads_a_round_by_cost_and_changes_no_number():
+    """With pace on, a round's jobs go to the workers over W = min(d, S, interval) boundaries,
+    about 1/W of the round's cost at each; the trained parameters are the same bit for bit."""
+    interval = window = 4
+    runs = {}
+    for pace in (True, False):
+        model, batches = _problem(5)
+        opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=interval)
+        policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=window,
+                                   swap_delay=window, workers=1, pace=pace))
+        engine = RefreshEngine(opt, policy)
+        held = []  # per round: (its step, {release step: cost held back for it})
+
+        def boundary(step, engine=engine, opt=opt, held=held):
+            due = bool(opt.due_blocks())
+            engine.on_boundary(step)
+            if not due:
+                return
+            slots = {}
+            for item in engine._held:
+                slots[item.release_step] = (slots.get(item.release_step, 0)
+                                            + engine.blocks[item.key].cost)
+            held.append((step, slots))
+
+        try:
+            runs[pace] = _train(model, opt, batches, boundary)
+        finally:
+            engine.close()
+        if not pace:
+            assert all(not slots for _, slots in held)
+            continue
+        total = sum(b.cost for b in engine.blocks.values())
+        biggest = max(b.cost for b in engine.blocks.values())
+        assert len(held) >= 3, "too few refresh rounds"
+        for step, slots in held:
+            # Slot 0 went out at once; the rest wait for boundaries step+1 .. step+W-1.
+            assert set(slots) <= set(range(step + 1, step + window))
+            assert all(cost <= total / window + biggest for cost in slots.values())
+            assert sum(slots.values()) >= total * (window - 1) / window - biggest
+    assert all(torch.equal(a, b) for a, b in zip(runs[True], runs[False], strict=True))
