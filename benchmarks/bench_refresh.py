@@ -34,27 +34,27 @@ def configs(sweep: bool) -> list[tuple[str, list[str]]]:
         ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
     native = ["--policy.workers", "0", "--policy.swap_delay", "0"]
 
-    def asteria(bound: int, train_threads: int, kind: str = "thread", nice: int = 0,
-                mode: str = "deterministic") -> list[str]:
+    def asteria(bound: int, train_threads: int = 2, kind: str = "thread", pace: bool = True
+                ) -> list[str]:
+        # d = S: a round's result is swapped in `bound` steps after its statistics, which
+        # lets pacing spread the round over min(d, S, interval) steps.
         return ["--policy.workers", "1", "--policy.staleness_bound", str(bound),
                 "--policy.swap_delay", str(bound), "--train.threads", str(train_threads),
-                "--policy.worker_kind", kind, "--policy.worker_nice", str(nice),
-                "--policy.swap_mode", mode]
+                "--policy.worker_kind", kind, "--policy.pace", str(pace).lower()]
 
     out = [
         ("AdamW", ["--optim.name", "adamw", "--optim.lr", "3e-3"]),
         ("native SOAP", soap + native),
-        ("Asteria-SOAP (train 2 thr + 1 worker)", soap + asteria(8, 2)),
-        ("Asteria-SOAP (train 1 thr + 1 worker)", soap + asteria(8, 1)),
-        ("Asteria-SOAP (train 1 thr + 1 process worker)", soap + asteria(8, 1, "process")),
-        ("Asteria-SOAP (train 2 thr + 1 worker, nice 19)", soap + asteria(10, 2, nice=19)),
-        ("Asteria-SOAP (train 2 thr + 1 worker, nice 19, opportunistic)",
-         soap + asteria(10, 2, nice=19, mode="opportunistic")),
+        ("Asteria-SOAP (train 2 thr + 1 worker thread, paced)", soap + asteria(10)),
+        ("Asteria-SOAP (train 2 thr + 1 worker thread, burst)", soap + asteria(10, pace=False)),
+        ("Asteria-SOAP (train 2 thr + 1 worker process, paced)",
+         soap + asteria(10, kind="process")),
+        ("Asteria-SOAP (train 1 thr + 1 worker thread, paced)", soap + asteria(10, 1)),
         ("native KL-Shampoo", kl + native),
-        ("Asteria-KL-Shampoo (train 2 thr + 1 worker, nice 19)", kl + asteria(10, 2, nice=19)),
+        ("Asteria-KL-Shampoo (train 2 thr + 1 worker thread, paced)", kl + asteria(10)),
     ]
     if sweep:
-        out += [(f"Asteria-SOAP S={s}", soap + asteria(s, 2, nice=19)) for s in (1, 2, 3, 5, 10)]
+        out += [(f"Asteria-SOAP S={s}", soap + asteria(s)) for s in (1, 2, 3, 5, 10)]
     return out
 
 
