@@ -22,6 +22,7 @@ from asteria_core.policy import PolicyError
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
 from backend.auth import load_or_create_token
 from backend.events import Broadcaster
+from backend.fastlane import LiveReadFastLane
 from backend.routes import data, policy, runs
 from backend.runs import RunConflict, RunManager, RunNotFound
 from backend.settings import Settings, get_settings
@@ -122,6 +123,7 @@ def create_app(settings: Settings | None = None,
                    413: {"description": "request body too large"},
                    422: {"description": "invalid input; the message names the field"}},
     )
+    app.add_middleware(LiveReadFastLane)  # added first: CORS, when on, wraps it too
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "PATCH"],

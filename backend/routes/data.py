@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from backend.deps import Manager
+from backend.fastlane import LIMIT_DEFAULT, LIMIT_MAX, SINCE_MAX
 from backend.schemas import Health, StepPage
 
 router = APIRouter(tags=["data"])
@@ -30,8 +31,9 @@ RunId = Annotated[str, Depends(existing_run)]
 @router.get("/runs/{run_id}/steps", response_model=StepPage,
             responses={404: {"description": "no such run"}})
 async def get_steps(run_id: RunId, manager: Manager,
-                    since: Annotated[int, Query(ge=0, le=2**53)] = 0,
-                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Response:
+                    since: Annotated[int, Query(ge=0, le=SINCE_MAX)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=LIMIT_MAX)] = LIMIT_DEFAULT
+                    ) -> Response:
     """Step records after `since`: the active run's newest from memory, the rest from the store."""
     body = manager.live_steps_json(run_id, since, limit)
     if body is not None:

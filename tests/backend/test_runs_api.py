@@ -4,6 +4,7 @@ import stat
 
 import httpx
 
+from backend.schemas import RunPublic, StepPage
 from tests.backend.conftest import TINY, TOKEN, wait_for
 
 
@@ -150,3 +151,21 @@ def test_steps_page_across_the_live_window_and_the_store(server_factory):
         final = _run(client, run_id)
         assert {k: final[k] for k in ("id", "total_steps", "config", "run_dir", "created_at")} \
             == {k: live_row[k] for k in ("id", "total_steps", "config", "run_dir", "created_at")}
+
+
+def test_live_reads_answer_like_the_routes_and_bad_queries_still_get_422(client):
+    """The active run's polled reads come from memory (backend/fastlane.py); their shape is the
+    routes' own, and a query the routes would reject is still rejected the same way."""
+    run_id = _start(client)
+    wait_for(lambda: _run(client, run_id)["step"] >= 3)
+    assert RunPublic.model_validate(_run(client, run_id)).id == run_id
+    page = StepPage.model_validate(client.get(f"/runs/{run_id}/steps",
+                                              params={"since": 1, "limit": 2}).json())
+    assert [s["step"] for s in page.steps] == [2, 3] and page.next_since == 3
+    for params in ({"limit": 0}, {"limit": 10_001}, {"since": -1}, {"since": "x"}):
+        r = client.get(f"/runs/{run_id}/steps", params=params)
+        assert r.status_code == 422, (params, r.text)
+        assert r.json()["detail"][0]["loc"][-1] in params
+    # Unknown query keys are ignored by the route, as before (answered by it, not from memory).
+    assert client.get(f"/runs/{run_id}/steps", params={"since": 1, "x": 1}).status_code == 200
+    client.post(f"/runs/{run_id}/stop")
