@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -38,10 +39,10 @@ TOKEN = "bench-token"
 LAYOUTS = ("pinned", "shared")
 
 
-def start_server(port: int, data_dir: str, layout: str) -> subprocess.Popen:
+def start_server(port: int, data_dir: str, layout: str, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "asteria_core.cli", "serve", "--port", str(port),
            "--data-dir", data_dir, "--train.steps", "1000000", "--train.threads", "1",
-           "--train.eval_interval", "100000"]
+           "--train.eval_interval", "100000", *extra]
     if os.cpu_count() and os.cpu_count() >= 2:
         if layout == "pinned":
             cmd = ["taskset", "-c", "1", *cmd, "--train.cpus", "0"]
@@ -55,6 +56,7 @@ def start_server(port: int, data_dir: str, layout: str) -> subprocess.Popen:
 async def poller(client: httpx.AsyncClient, run_id: str, stop: asyncio.Event,
                  latencies: list[float]) -> None:
     since = 0
+    await asyncio.sleep(random.uniform(0, 0.5))  # independent clients: not all in phase
     while not stop.is_set():
         t0 = time.perf_counter()
         await client.get(f"/runs/{run_id}")
@@ -112,10 +114,10 @@ def step_times(base: str, run_id: str, t0: float, t1: float) -> list[float]:
             s["time"] <= t1]
 
 
-def measure(layout: str, port: int, window: float, rounds: int) -> dict:
+def measure(layout: str, port: int, window: float, rounds: int, extra: list[str]) -> dict:
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
-        proc = start_server(port, tmp, layout)
+        proc = start_server(port, tmp, layout, extra)
         try:
             deadline = time.time() + 120
             while True:
@@ -167,9 +169,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--out", default="benchmarks/results/api.json")
+    parser.add_argument("--server-args", default="",
+                        help="extra `asteria serve` arguments, e.g. '--optim.name adamw'")
     args = parser.parse_args()
-    results = {layout: measure(layout, args.port, args.window, args.rounds)
-               for layout in args.layouts}
+    results = {layout: measure(layout, args.port, args.window, args.rounds,
+                               args.server_args.split()) for layout in args.layouts}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print("\n| layout | requests/s | API p50 ms | API p99 ms | SSE events | step ms quiet "
