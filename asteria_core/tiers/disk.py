@@ -22,6 +22,7 @@ import mmap
 import os
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,7 @@ class DiskTier:
         self.write_seconds = 0.0
         """Time inside write() (checksum, write, rename): bytes_written / it = write bandwidth."""
         self.read_seconds = 0.0
+        self._crc = ThreadPoolExecutor(1, thread_name_prefix="tier-crc")
 
     def path(self, name: str) -> Path:
         return self.folder / f"{name}.bin"
@@ -90,26 +92,41 @@ class DiskTier:
         (tensor name, offset, nbytes) at aligned offsets, in order."""
         t0 = time.perf_counter()
         size = parts[-1][1] + padded(parts[-1][2])
-        info = {"file": name, "size": size,
-                "parts": [[t, off, n, zlib.crc32(data[off:off + n])] for t, off, n in parts]}
-        body = json.dumps(info).encode()
-        head = MAGIC + f"{padded(len(MAGIC) + 11 + len(body)):010d}\n".encode() + body
-        header = aligned_buffer(len(head))
-        header[:len(head)] = np.frombuffer(head, np.uint8)
+        # The checksums are computed on a helper thread while the data is written (both release
+        # the GIL), so a write costs max(checksum, I/O) rather than their sum. The header, which
+        # holds them, is written last; its size is fixed up front with the widest checksums.
+        crcs = self._crc.submit(lambda: [zlib.crc32(data[off:off + n]) for _, off, n in parts])
+        head_size = padded(len(self._head(name, size, parts, [0xFFFFFFFF] * len(parts), 0)))
         final, tmp = self.path(name), self.folder / f"{name}.new"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self._flag(), 0o600)
         try:
-            total = os.pwritev(fd, [header, data[:size]], 0)
-            if total != len(header) + size:
+            total = os.pwritev(fd, [data[:size]], head_size)
+            head = self._head(name, size, parts, crcs.result(), head_size)
+            header = aligned_buffer(head_size)
+            header[:len(head)] = np.frombuffer(head, np.uint8)
+            total += os.pwritev(fd, [header], 0)
+            if total != head_size + size:
                 raise OSError(errno.EIO, f"short write of {tmp}: {total} bytes")
             if not self.direct:
                 os.fdatasync(fd)  # dirty pages cannot be dropped before they are written
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
+            crcs.result()  # the helper is done with `data` before the caller reuses it
             os.close(fd)
         os.replace(tmp, final)
         self.bytes_written += sum(n for _, _, n in parts)
         self.write_seconds += time.perf_counter() - t0
+
+    @staticmethod
+    def _head(name: str, size: int, parts: list[tuple[str, int, int]], crcs: list[int],
+              head_size: int) -> bytes:
+        info = {"file": name, "size": size,
+                "parts": [[t, off, n, crc] for (t, off, n), crc in zip(parts, crcs, strict=True)]}
+        return MAGIC + f"{head_size:010d}\n".encode() + json.dumps(info).encode()
+
+    def close(self) -> None:
+        """Stop the checksum helper thread (idempotent)."""
+        self._crc.shutdown(wait=True)
 
     def read(self, name: str, out: np.ndarray, parts: list[tuple[str, int, int]]) -> None:
         """Read file `name` into out (laid out like `write`'s data) and verify every tensor

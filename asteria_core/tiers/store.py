@@ -131,6 +131,8 @@ class TierStore:
             e.tier = tier
         self._policy = policy
         if self.plan.slots:
+            if self.disk is not None:
+                self.disk.close()
             self.disk = DiskTier(self.disk_folder(policy))
         self._slots = [aligned_buffer(self.plan.slot_bytes) for _ in range(self.plan.slots)]
         self._free = queue.Queue()
@@ -444,6 +446,8 @@ class TierStore:
             for t in self._threads:
                 t.join(timeout=30)
             self._threads = []
+            if self.disk is not None:
+                self.disk.close()
 
 
 __all__ = ["TierFileError", "TierStore"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import zlib
 
 import numpy as np
 import pytest
@@ -31,6 +33,21 @@ def test_round_trip_and_no_file_left_half_written(tmp_path):
     for _, off, n in PARTS:
         assert np.array_equal(out[off:off + n], data[off:off + n])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p0.written.bin"]
+
+
+def test_checksums_computed_beside_the_write_match_and_the_helper_stops(tmp_path):
+    """The header (written last, sized for the widest checksums) holds each tensor's CRC-32;
+    close() stops the checksum thread."""
+    before = set(threading.enumerate())
+    disk = DiskTier(tmp_path)
+    data = filled()
+    disk.write("p0.written", data, PARTS)
+    raw = disk.path("p0.written").read_bytes()
+    header = DiskTier._header("p0", disk.path("p0.written"), raw[:4096])
+    assert [part[3] for part in header["parts"]] == \
+        [zlib.crc32(data[off:off + n]) for _, off, n in PARTS]
+    disk.close()
+    assert not set(threading.enumerate()) - before
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated", "corrupt", "header"])
