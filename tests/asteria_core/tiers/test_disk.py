@@ -12,6 +12,7 @@ import torch
 
 from asteria_core.policy import Policy
 from asteria_core.tiers import DiskTier, TierFileError
+from asteria_core.tiers import disk as disk_module
 from asteria_core.tiers.disk import aligned_buffer
 from tests.asteria_core.tiers.conftest import Run, state_bytes
 
@@ -33,6 +34,25 @@ def test_round_trip_and_no_file_left_half_written(tmp_path):
     for _, off, n in PARTS:
         assert np.array_equal(out[off:off + n], data[off:off + n])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p0.written.bin"]
+
+
+def test_reads_in_chunks_verify_parts_that_span_chunks(tmp_path, monkeypatch):
+    """A read goes in READ_CHUNK pieces with running checksums; with one-page chunks each part
+    spans several, and a flipped byte in any chunk is still caught."""
+    monkeypatch.setattr(disk_module, "READ_CHUNK", 4096)
+    disk = DiskTier(tmp_path)
+    data = filled()
+    disk.write("p0.written", data, PARTS)
+    out = aligned_buffer(data.size)
+    disk.read("p0.written", out, PARTS)
+    assert all(np.array_equal(out[o:o + n], data[o:o + n]) for _, o, n in PARTS)
+    path = disk.path("p0.written")
+    raw = bytearray(path.read_bytes())
+    raw[4096 + 4096 + 10] ^= 0xFF  # second chunk of p0.exp_avg
+    path.write_bytes(bytes(raw))
+    with pytest.raises(TierFileError, match="p0.exp_avg.*fails its checksum"):
+        disk.read("p0.written", out, PARTS)
+    disk.close()
 
 
 def test_checksums_computed_beside_the_write_match_and_the_helper_stops(tmp_path):
