@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from asteria_core.train.config import DataConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
 
@@ -23,3 +24,13 @@ def tiny_config(tmp_path, **train) -> RunConfig:
 @pytest.fixture
 def tiny(tmp_path):
     return lambda **train: tiny_config(tmp_path, **train)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch intra-op thread for the test: bit-exact comparisons need the same thread count
+    on both sides (modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

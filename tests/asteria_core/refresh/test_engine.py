@@ -37,13 +37,7 @@ def _soap(model, **kw):
     return SOAP(model.parameters(), lr=1e-2, precondition_frequency=3, **kw)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Bit-exactness across threads needs the same intra-op thread count on both sides.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])

@@ -15,11 +15,8 @@ NUM_LAYERS, WIDTH = 12, 64
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _every_test_here_on_one_thread(one_thread):
+    """Bit-exact comparisons across placements need one intra-op thread throughout."""
 
 
 class Run:
