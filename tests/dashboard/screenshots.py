@@ -12,15 +12,12 @@ docs/dashboard-compare.png (both runs side by side).
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
-from backend.settings import Settings
-from tests.backend.conftest import TOKEN, LiveServer, free_port
-from tests.dashboard.stack import ROOT, Dashboard, chromium, wait_until
+from tests.backend.conftest import TOKEN, free_port
+from tests.dashboard.stack import ROOT, Dashboard, chromium, control_plane, wait_until
 
 MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64}
 # The mid-run change: a tighter staleness bound, and a device budget that moves part of the
@@ -64,11 +61,7 @@ def main() -> None:
         raise SystemExit(f"no Chromium: {reason}")
     from playwright.sync_api import sync_playwright
 
-    data = Path(tempfile.mkdtemp(prefix="asteria-shots-"))
-    settings = Settings(port=free_port(), data_dir=data, token=TOKEN, start_default_run=False,
-                        store_flush_seconds=0.2)
-    with LiveServer(settings) as api, httpx.Client(
-            base_url=api.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+    with control_plane("asteria-shots-") as (api, http, data):
         train(http, config("adamw", 3e-3, args.steps), change_at=args.steps // 3, wait=True)
         second = train(http, config(args.second, 3e-3, args.steps), change_at=args.steps // 3,
                        wait=False)

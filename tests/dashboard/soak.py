@@ -10,15 +10,11 @@ Prints one line per sample; the server side is flat when its buffers and caches 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
-from backend.settings import Settings
-from tests.backend.conftest import TOKEN, LiveServer, free_port
-from tests.dashboard.stack import Dashboard, chromium, tiny_run
+from tests.backend.conftest import TOKEN, free_port
+from tests.dashboard.stack import Dashboard, chromium, control_plane, tiny_run
 
 
 def rss_mb(pid: int) -> int:
@@ -39,11 +35,7 @@ def main() -> None:
         raise SystemExit(f"no Chromium: {reason}")
     from playwright.sync_api import sync_playwright
 
-    data = Path(tempfile.mkdtemp(prefix="asteria-soak-"))
-    settings = Settings(port=free_port(), data_dir=data, token=TOKEN, start_default_run=False,
-                        store_flush_seconds=0.2)
-    with LiveServer(settings) as api, httpx.Client(
-            base_url=api.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+    with control_plane("asteria-soak-") as (api, http, data):
         body = {"config": tiny_run(10**8, eval_interval=200)}
         run_id = http.post("/runs", json=body).json()["id"]
         with Dashboard(free_port(), api.url, TOKEN, data / "streamlit.log") as dash, \

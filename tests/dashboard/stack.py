@@ -13,7 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -34,6 +37,21 @@ def tiny_run(steps: int, *, eval_interval: int = 50, watts: float = 15.0,
     config["optim"] = {"name": optim}
     config["telemetry"] = {"model_cpu_watts": watts}
     return config
+
+
+@contextmanager
+def control_plane(prefix: str) -> Iterator[tuple[object, httpx.Client, Path]]:
+    """For the scripts: a real control plane on a fresh data dir, a client holding the token,
+    and that data dir (for logs)."""
+    from backend.settings import Settings
+    from tests.backend.conftest import TOKEN, LiveServer, free_port
+
+    data = Path(tempfile.mkdtemp(prefix=prefix))
+    settings = Settings(port=free_port(), data_dir=data, token=TOKEN, start_default_run=False,
+                        store_flush_seconds=0.2)
+    with LiveServer(settings) as api, httpx.Client(
+            base_url=api.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        yield api, http, data
 
 
 def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
