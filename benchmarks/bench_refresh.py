@@ -1,14 +1,23 @@
 """Refresh off the critical path: step-time smoothness and speed of Asteria vs native.
 
     .venv/bin/python benchmarks/bench_refresh.py --steps 120            # the comparison
-    .venv/bin/python benchmarks/bench_refresh.py --steps 120 --sweep    # + staleness sweep
+    .venv/bin/python benchmarks/bench_refresh.py --steps 120 --sweep    # the staleness sweep
 
 Model: a 3.3M-parameter GPT (n_embd 256, 4 layers, batch 16 x 128 tokens) whose SOAP refresh
 (every 10 steps) is a large share of a native step on a CPU. Each configuration trains the same
 seed for the same steps; the table gives step-time p50/p99/max/mean (steps after the first 10,
 which hold the initial eigendecompositions of every variant), and the final validation loss.
-Writes benchmarks/results/refresh.json and a step-time trace plot refresh_steps.png
-(both named after --out).
+
+Round-robin: every configuration is built up front and they take turns, one refresh interval
+each, so the drifting speed of a shared machine (this VM's step time moves by 10-40% over
+minutes) falls on all of them alike and their ratios are measured side by side. At the end of a
+turn the refreshes a run already handed to its workers are waited for, and that wait is charged
+to the run's next step (where they would have run), so no run's background work lands in
+another's turn. The mean and the training seconds include those waits; p50/p99/max leave out
+the first step of each turn (it carries a wait measured with the training stopped, not a real
+step). Writes
+benchmarks/results/refresh.json (refresh_sweep.json with --sweep), a table beside it and a
+step-time trace plot (named after it).
 """
 
 from __future__ import annotations
@@ -16,8 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,8 +35,9 @@ import torch
 from asteria_core.cli import resolve_config
 from asteria_core.train.trainer import Trainer
 
+INTERVAL = 10  # steps between refreshes, and the length of one round-robin turn
 MODEL = ["--model.n_embd", "256", "--model.n_head", "4", "--model.n_layer", "4",
-         "--data.batch_size", "16", "--policy.refresh_interval", "10"]
+         "--data.batch_size", "16", "--policy.refresh_interval", str(INTERVAL)]
 
 
 def configs(sweep: bool) -> list[tuple[str, list[str]]]:
@@ -42,7 +53,10 @@ def configs(sweep: bool) -> list[tuple[str, list[str]]]:
                 "--policy.swap_delay", str(bound), "--train.threads", str(train_threads),
                 "--policy.worker_kind", kind, "--policy.pace", str(pace).lower()]
 
-    out = [
+    if sweep:
+        return [("native SOAP", soap + native)] + \
+            [(f"Asteria-SOAP S={s}", soap + asteria(s)) for s in (1, 2, 3, 5, 10)]
+    return [
         ("AdamW", ["--optim.name", "adamw", "--optim.lr", "3e-3"]),
         ("native SOAP", soap + native),
         ("Asteria-SOAP (train 2 thr + 1 worker thread, paced)", soap + asteria(10)),
@@ -53,34 +67,73 @@ def configs(sweep: bool) -> list[tuple[str, list[str]]]:
         ("native KL-Shampoo", kl + native),
         ("Asteria-KL-Shampoo (train 2 thr + 1 worker thread, paced)", kl + asteria(10)),
     ]
-    if sweep:
-        out += [(f"Asteria-SOAP S={s}", soap + asteria(s)) for s in (1, 2, 3, 5, 10)]
-    return out
 
 
-def run(label: str, args: list[str], steps: int, out_dir: str) -> dict:
-    config = resolve_config(None, [*MODEL, "--train.steps", str(steps), "--train.eval_interval",
-                                   str(steps), "--train.out_dir", out_dir, *args])
-    torch.set_num_threads(config.train.threads or 2)
-    trainer = Trainer(config, jsonl=False)
-    records = []
-    trainer.record_sinks.append(records.append)
-    t0 = time.perf_counter()
-    result = trainer.train(progress=False)
-    wall = time.perf_counter() - t0
-    trainer.close()
-    steady = sorted(r.step_seconds for r in records[10:])
+@dataclass
+class Contender:
+    """One configuration's run, trained a turn at a time."""
+
+    label: str
+    args: list[str]
+    trainer: Trainer
+    threads: int
+    records: list = field(default_factory=list)
+    turn_starts: set[int] = field(default_factory=set)
+    """Indices of records that open a turn (and carry its charge)."""
+    charge: float = 0.0
+    """Seconds waited at the end of the last turn for refreshes already handed to the workers;
+    added to the next step, where they would have run."""
+
+    def turn(self, steps: int) -> None:
+        torch.set_num_threads(self.threads)
+        self.turn_starts.add(len(self.records))
+        for _ in range(steps):
+            record = self.trainer.train_step()
+            record.step_seconds += self.charge
+            self.charge = 0.0
+            self.records.append(record)
+        if self.trainer.refresh is not None:
+            self.charge = self.trainer.refresh.wait_released()
+
+
+def build(label: str, args: list[str], steps: int, out_dir: str) -> Contender:
+    config = resolve_config(None, [*MODEL, "--train.steps", str(steps), "--train.out_dir",
+                                   str(Path(out_dir) / str(abs(hash(label)))), *args])
+    threads = config.train.threads or 2
+    torch.set_num_threads(threads)
+    return Contender(label, args, Trainer(config, jsonl=False), threads)
+
+
+def summary(c: Contender) -> dict:
+    torch.set_num_threads(c.threads)
+    val_loss = c.trainer.evaluate()
+    c.trainer.close()
+    records = c.records
+    steady = [r.step_seconds for r in records[INTERVAL:]]
+    ranked = sorted(r.step_seconds for i, r in enumerate(records)
+                    if i >= INTERVAL and i not in c.turn_starts)
     waits = [r.extra.get("idle_seconds", {}).get("refresh_wait", 0.0) for r in records]
     return {
-        "label": label, "args": args, "params": trainer.model_params, "wall_s": wall,
-        "p50_ms": 1e3 * steady[len(steady) // 2],
-        "p99_ms": 1e3 * steady[min(len(steady) - 1, int(len(steady) * 0.99))],
-        "max_ms": 1e3 * steady[-1], "mean_ms": 1e3 * statistics.fmean(steady),
+        "label": c.label, "args": c.args, "params": c.trainer.model_params,
+        "train_s": sum(r.step_seconds for r in records),
+        "p50_ms": 1e3 * ranked[len(ranked) // 2],
+        "p99_ms": 1e3 * ranked[min(len(ranked) - 1, int(len(ranked) * 0.99))],
+        "max_ms": 1e3 * ranked[-1], "mean_ms": 1e3 * statistics.fmean(steady),
         "refresh_wait_s": sum(waits),
         "staleness_max": max((r.extra.get("staleness_max", 0) for r in records), default=0),
-        "final_val_loss": result.eval_losses[max(result.eval_losses)],
+        "final_val_loss": val_loss,
         "trace_ms": [1e3 * r.step_seconds for r in records],
     }
+
+
+def round_robin(chosen: list[tuple[str, list[str]]], steps: int, out_dir: str) -> list[dict]:
+    contenders = [build(label, args, steps, out_dir) for label, args in chosen]
+    turns = -(-steps // INTERVAL)
+    for k in range(turns):
+        for c in contenders:
+            c.turn(min(INTERVAL, steps - k * INTERVAL))
+        print(f"turn {k + 1}/{turns} done", file=sys.stderr, flush=True)
+    return [summary(c) for c in contenders]
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -91,44 +144,55 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r in results:
-        if "S=" not in r["label"]:
-            ax.plot(r["trace_ms"], label=r["label"], linewidth=1)
+        ax.plot(r["trace_ms"], label=r["label"], linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("step time (ms, measured; log scale)")
     ax.set_yscale("log")
-    ax.set_title("Step time per step, refresh every 10 steps")
+    ax.set_title(f"Step time per step, refresh every {INTERVAL} steps (round-robin)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def table(results: list[dict], steps: int) -> str:
+    native = {r["label"].split()[-1]: r for r in results if r["label"].startswith("native")}
+    lines = [f"{results[0]['params'] / 1e6:.1f}M parameters, {steps} steps, refresh every "
+             f"{INTERVAL} steps, round-robin turns of {INTERVAL} steps", "",
+             "| config | p50 ms | p99 ms | max ms | mean ms | p99/p50 | mean / native | "
+             "refresh wait s | max staleness | val loss | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        base = native.get("KL-Shampoo" if "KL" in r["label"] else "SOAP")
+        ratio = f"{r['mean_ms'] / base['mean_ms']:.2f}" if base and "AdamW" not in r["label"] \
+            else "-"
+        lines.append(f"| {r['label']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
+                     f"{r['max_ms']:.0f} | {r['mean_ms']:.0f} | {r['p99_ms'] / r['p50_ms']:.2f} | "
+                     f"{ratio} | {r['refresh_wait_s']:.2f} | {r['staleness_max']} | "
+                     f"{r['final_val_loss']:.4f} | {r['train_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the staleness sweep S in {1, 2, 3, 5, 10} beside native SOAP")
     parser.add_argument("--only", help="run only configurations whose label contains this")
-    parser.add_argument("--out", default="benchmarks/results/refresh.json")
+    parser.add_argument("--out", help="results file (default benchmarks/results/refresh.json, "
+                                      "refresh_sweep.json with --sweep)")
     args = parser.parse_args()
-    results = []
+    chosen = [(label, extra) for label, extra in configs(args.sweep)
+              if not args.only or args.only in label]
     with tempfile.TemporaryDirectory() as tmp:
-        for label, extra in configs(args.sweep):
-            if args.only and args.only not in label:
-                continue
-            results.append(run(label, extra, args.steps, tmp))
-            r = results[-1]
-            print(f"{label}: p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, mean "
-                  f"{r['mean_ms']:.0f} ms, val {r['final_val_loss']:.4f}", flush=True)
-    out = Path(args.out)
+        results = round_robin(chosen, args.steps, tmp)
+    out = Path(args.out or ("benchmarks/results/refresh_sweep.json" if args.sweep
+                            else "benchmarks/results/refresh.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"steps": args.steps, "results": results}, indent=2))
     plot(results, out.with_name(out.stem + "_steps.png"))
-    print(f"\n{results[0]['params'] / 1e6:.1f}M parameters, {args.steps} steps, refresh every "
-          "10 steps\n\n| config | p50 ms | p99 ms | max ms | mean ms | p99/p50 | refresh wait s "
-          "| max staleness | val loss | wall s |\n|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['label']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['max_ms']:.0f} | "
-              f"{r['mean_ms']:.0f} | {r['p99_ms'] / r['p50_ms']:.2f} | {r['refresh_wait_s']:.2f} | "
-              f"{r['staleness_max']} | {r['final_val_loss']:.4f} | {r['wall_s']:.0f} |")
+    text = table(results, args.steps)
+    out.with_name(out.stem + "_table.txt").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -281,6 +281,17 @@ class RefreshEngine:
         for queue_ in self.outstanding.values():
             yield from queue_
 
+    def wait_released(self, timeout: float = 60.0) -> float:
+        """Wait (at most `timeout` s in all) until every job already handed to the workers has
+        finished; jobs held back by pacing stay held. Returns the seconds waited. Lets a caller
+        pause a run between steps without its refreshes running on into whatever comes next
+        (the benchmark's round-robin)."""
+        t0 = time.perf_counter()
+        for item in list(self._all_outstanding()):
+            if item.job is not None and item.release_step is None:
+                item.job.done.wait(max(0.0, timeout - (time.perf_counter() - t0)))
+        return time.perf_counter() - t0
+
     # ------------------------------------------------------------------ checkpoints, shutdown
     def settle(self) -> None:
         """Before a checkpoint: finish every outstanding refresh and hand it to the optimizer
