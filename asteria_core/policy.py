@@ -39,8 +39,10 @@ class Policy:
     """Steps between refreshes of a preconditioner block."""
     staleness_bound: int = 10
     """S: the most steps a basis in use may lag the statistics it was computed from."""
-    swap_delay: int = 1
-    """d <= S: in deterministic mode a basis from step-t statistics is swapped in at t + d."""
+    swap_delay: int | str = "auto"
+    """d <= S: in deterministic mode a basis from step-t statistics is swapped in at t + d.
+    "auto" follows the staleness bound (d = S, read at each boundary), which gives pacing the
+    most steps to spread a round over; see `delay`."""
     swap_mode: str = "deterministic"
     """deterministic | opportunistic (swap as soon as ready, wait only at the bound)."""
     workers: int = 1
@@ -74,7 +76,8 @@ class Policy:
     def __post_init__(self) -> None:
         _int_range("refresh_interval", self.refresh_interval, 1, 1_000_000)
         _int_range("staleness_bound", self.staleness_bound, 0, 1_000_000)
-        _int_range("swap_delay", self.swap_delay, 0, 1_000_000)
+        if self.swap_delay != "auto":
+            _int_range("swap_delay", self.swap_delay, 0, 1_000_000, also='"auto" or ')
         _choice("swap_mode", self.swap_mode, SWAP_MODES)
         _int_range("workers", self.workers, 0, 256)
         _int_range("worker_threads", self.worker_threads, 1, 256)
@@ -90,20 +93,25 @@ class Policy:
         if not isinstance(self.disk_dir, str):
             raise PolicyError("disk_dir", f"got {self.disk_dir!r}; allowed: a path (string)")
         _choice("offload_mode", self.offload_mode, OFFLOAD_MODES)
-        if self.swap_delay > self.staleness_bound:
+        if self.swap_delay != "auto" and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
         if self.swap_mode == "opportunistic" and self.workers == 0:
             raise PolicyError("workers", "got 0; allowed: at least 1 in opportunistic mode "
                                          "(0 workers computes inline, which is deterministic)")
 
+    @property
+    def delay(self) -> int:
+        """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
+        return self.staleness_bound if self.swap_delay == "auto" else self.swap_delay
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _int_range(field: str, value: Any, lo: int, hi: int) -> None:
+def _int_range(field: str, value: Any, lo: int, hi: int, also: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise PolicyError(field, f"got {value!r}; allowed: an integer in [{lo}, {hi}]")
+        raise PolicyError(field, f"got {value!r}; allowed: {also}an integer in [{lo}, {hi}]")
 
 
 def _choice(field: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,7 +16,8 @@ class PolicyUpdate(BaseModel):
 
     refresh_interval: int | None = Field(default=None, ge=1, le=1_000_000)
     staleness_bound: int | None = Field(default=None, ge=0, le=1_000_000)
-    swap_delay: int | None = Field(default=None, ge=0, le=1_000_000)
+    swap_delay: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["auto"] | None = Field(
+        default=None, description='d <= staleness_bound, or "auto" (d follows the bound)')
     swap_mode: Literal["deterministic", "opportunistic"] | None = None
     workers: int | None = Field(default=None, ge=0, le=256)
     worker_threads: int | None = Field(default=None, ge=1, le=256)

@@ -13,9 +13,10 @@ each, so the drifting speed of a shared machine (this VM's step time moves by 10
 minutes) falls on all of them alike and their ratios are measured side by side. At the end of a
 turn the refreshes a run already handed to its workers are waited for, and that wait is charged
 to the run's next step (where they would have run), so no run's background work lands in
-another's turn. The mean and the training seconds include those waits; p50/p99/max leave out
-the first step of each turn (it carries a wait measured with the training stopped, not a real
-step). Writes
+another's turn (the wait, with the training stopped, costs about what the same work costs a
+step beside it). "Spike" is the median over turns of (slowest step / median step) within the
+turn: a refresh spike shows in every turn, while the machine's slower drift, which p99/p50 over
+a whole run also picks up (AdamW, with no refresh at all, is its floor), does not. Writes
 benchmarks/results/refresh.json (refresh_sweep.json with --sweep), a table beside it and a
 step-time trace plot (named after it).
 """
@@ -78,15 +79,12 @@ class Contender:
     trainer: Trainer
     threads: int
     records: list = field(default_factory=list)
-    turn_starts: set[int] = field(default_factory=set)
-    """Indices of records that open a turn (and carry its charge)."""
     charge: float = 0.0
     """Seconds waited at the end of the last turn for refreshes already handed to the workers;
     added to the next step, where they would have run."""
 
     def turn(self, steps: int) -> None:
         torch.set_num_threads(self.threads)
-        self.turn_starts.add(len(self.records))
         for _ in range(steps):
             record = self.trainer.train_step()
             record.step_seconds += self.charge
@@ -110,8 +108,9 @@ def summary(c: Contender) -> dict:
     c.trainer.close()
     records = c.records
     steady = [r.step_seconds for r in records[INTERVAL:]]
-    ranked = sorted(r.step_seconds for i, r in enumerate(records)
-                    if i >= INTERVAL and i not in c.turn_starts)
+    ranked = sorted(steady)
+    turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]
+    spike = statistics.median(max(t) / statistics.median(t) for t in turns)
     waits = [r.extra.get("idle_seconds", {}).get("refresh_wait", 0.0) for r in records]
     return {
         "label": c.label, "args": c.args, "params": c.trainer.model_params,
@@ -119,6 +118,7 @@ def summary(c: Contender) -> dict:
         "p50_ms": 1e3 * ranked[len(ranked) // 2],
         "p99_ms": 1e3 * ranked[min(len(ranked) - 1, int(len(ranked) * 0.99))],
         "max_ms": 1e3 * ranked[-1], "mean_ms": 1e3 * statistics.fmean(steady),
+        "spike": spike,
         "refresh_wait_s": sum(waits),
         "staleness_max": max((r.extra.get("staleness_max", 0) for r in records), default=0),
         "final_val_loss": val_loss,
@@ -158,17 +158,17 @@ def table(results: list[dict], steps: int) -> str:
     native = {r["label"].split()[-1]: r for r in results if r["label"].startswith("native")}
     lines = [f"{results[0]['params'] / 1e6:.1f}M parameters, {steps} steps, refresh every "
              f"{INTERVAL} steps, round-robin turns of {INTERVAL} steps", "",
-             "| config | p50 ms | p99 ms | max ms | mean ms | p99/p50 | mean / native | "
+             "| config | p50 ms | p99 ms | max ms | mean ms | p99/p50 | spike | mean / native | "
              "refresh wait s | max staleness | val loss | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         base = native.get("KL-Shampoo" if "KL" in r["label"] else "SOAP")
         ratio = f"{r['mean_ms'] / base['mean_ms']:.2f}" if base and "AdamW" not in r["label"] \
             else "-"
         lines.append(f"| {r['label']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
                      f"{r['max_ms']:.0f} | {r['mean_ms']:.0f} | {r['p99_ms'] / r['p50_ms']:.2f} | "
-                     f"{ratio} | {r['refresh_wait_s']:.2f} | {r['staleness_max']} | "
-                     f"{r['final_val_loss']:.4f} | {r['train_s']:.0f} |")
+                     f"{r['spike']:.2f} | {ratio} | {r['refresh_wait_s']:.2f} | "
+                     f"{r['staleness_max']} | {r['final_val_loss']:.4f} | {r['train_s']:.0f} |")
     return "\n".join(lines)
 
 

@@ -14,10 +14,12 @@ from dashboard import state
 from dashboard.client import ACTIVE, ApiError, Invalid, Unauthorized, Unreachable
 
 log = logging.getLogger(__name__)
-# (field, label, choices or None for an integer); the names are the API's.
+# (field, label, choices; None for an integer, AUTO_OR_INT for "auto" or an integer); the names
+# are the API's.
+AUTO_OR_INT = "auto or an integer"
 POLICY_FIELDS = (
     ("staleness_bound", "Staleness bound S (steps)", None),
-    ("swap_delay", "Swap delay d (steps, at most S)", None),
+    ("swap_delay", 'Swap delay d (steps, at most S; "auto" = S)', AUTO_OR_INT),
     ("swap_mode", "Swap mode", ("deterministic", "opportunistic")),
     ("refresh_interval", "Refresh interval (steps)", None),
     ("workers", "Refresh workers (0 = inline)", None),
@@ -132,6 +134,9 @@ def policy_form(run: dict[str, Any]) -> None:
                 if choices is None:
                     values[field] = st.number_input(label, value=int(now), step=1, key=key,
                                                     disabled=not active)
+                elif choices == AUTO_OR_INT:
+                    text = st.text_input(label, value=str(now), key=key, disabled=not active)
+                    values[field] = _auto_or_int(text)
                 else:
                     values[field] = st.selectbox(label, choices, index=choices.index(now),
                                                  key=key, disabled=not active)
@@ -143,6 +148,15 @@ def policy_form(run: dict[str, Any]) -> None:
     if sent:
         _send(run_id, {k: v for k, v in values.items() if v != newest[k]})
     _answer(run_id)
+
+
+def _auto_or_int(text: str) -> int | str:
+    """An integer when the text is one; else the text as typed (the API names what it allows)."""
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _send(run_id: str, changes: dict[str, Any]) -> None:

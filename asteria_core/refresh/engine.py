@@ -155,7 +155,7 @@ class RefreshEngine:
         in queue order (most expensive first), each job to the least loaded boundary."""
         window = min(policy.staleness_bound, policy.refresh_interval)
         if policy.swap_mode == "deterministic":
-            window = min(window, policy.swap_delay)
+            window = min(window, policy.delay)
         load = [0.0] * (max(window, 1) if policy.pace else 1)
         for item in sorted(items, key=lambda item: item.job.priority):
             slot = load.index(min(load))
@@ -185,7 +185,7 @@ class RefreshEngine:
         for queue_ in self.outstanding.values():
             while queue_:
                 item = queue_[0]
-                must = t >= item.stats_step + min(policy.swap_delay, policy.staleness_bound)
+                must = t >= item.stats_step + policy.delay
                 if policy.swap_mode == "opportunistic":
                     ready = item.job is None or item.job.done.is_set()
                     must = t >= item.stats_step + policy.staleness_bound
@@ -301,7 +301,7 @@ class RefreshEngine:
             while queue_:
                 item = queue_.popleft()
                 self._finish(item, policy)
-                at = item.stats_step + min(policy.swap_delay, policy.staleness_bound)
+                at = item.stats_step + policy.delay
                 ok = item.result is not None and item.error is None and is_finite(item.result)
                 if ok:
                     self.opt.schedule_refresh(max(at, self.opt.num_steps + 1), item.result)

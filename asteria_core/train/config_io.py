@@ -7,6 +7,7 @@ rejected with a `ConfigError` that names the key before anything is built.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ def _field_types(section_cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
 
 
+def _is_union(tp: Any) -> bool:
+    return isinstance(tp, types.UnionType)
+
+
 def _type_name(tp: Any) -> str:
+    if _is_union(tp):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is tuple:
         return "a list of " + ", ".join(_type_name(a) for a in typing.get_args(tp))
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
@@ -37,6 +44,13 @@ def _type_name(tp: Any) -> str:
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check a value read from a file (already typed by TOML/YAML) against a field type."""
     bad = ConfigError(f"{key}: got {value!r} ({type(value).__name__}); allowed: {_type_name(tp)}")
+    if _is_union(tp):  # the first member type that takes the value
+        for member in typing.get_args(tp):
+            try:
+                return _coerce(key, value, member)
+            except ConfigError:
+                pass
+        raise bad
     if typing.get_origin(tp) is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, list | tuple) or len(value) != len(args):
@@ -64,6 +78,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 def _parse_text(key: str, text: str, tp: Any) -> Any:
     """Parse a command-line string into a field's type."""
+    if _is_union(tp):  # int | str: a number when it reads as one, else the text
+        for member in typing.get_args(tp):
+            try:
+                return _parse_text(key, text, member)
+            except ConfigError:
+                pass
     if typing.get_origin(tp) is tuple:
         args = typing.get_args(tp)
         parts = [p.strip() for p in text.split(",")]

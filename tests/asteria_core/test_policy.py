@@ -11,6 +11,16 @@ def test_defaults_are_valid_and_serialisable():
     assert Policy(**policy.to_dict()) == policy
 
 
+def test_auto_swap_delay_follows_the_bound():
+    policy = Policy()
+    assert (policy.swap_delay, policy.delay) == ("auto", policy.staleness_bound)
+    live = LivePolicy()
+    live.propose({"staleness_bound": 3})  # nothing to lower alongside: d follows S
+    live.apply_pending(1)
+    assert live.current.delay == 3
+    assert Policy(staleness_bound=5, swap_delay=2).delay == 2
+
+
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
@@ -20,6 +30,7 @@ def test_defaults_are_valid_and_serialisable():
         ({"workers": True}, "workers"),
         ({"swap_mode": "eager"}, "swap_mode"),
         ({"swap_delay": 11}, "swap_delay"),  # > staleness_bound 10
+        ({"swap_delay": "soon"}, "swap_delay"),
         ({"swap_mode": "opportunistic", "workers": 0}, "workers"),
         ({"offload_mode": "tape"}, "offload_mode"),
         ({"stalenes_bound": 3}, "stalenes_bound"),
@@ -48,7 +59,7 @@ def test_change_is_versioned_and_applied_at_the_next_boundary():
     live.apply_pending(4)  # boundary after step 4
     change = live.propose({"staleness_bound": 3, "swap_delay": 1}, client="alice")
     assert change.version == 2 and change.effective_step == 6
-    assert change.diff == {"staleness_bound": (10, 3)}
+    assert change.diff == {"staleness_bound": (10, 3), "swap_delay": ("auto", 1)}
     assert live.current.staleness_bound == 10  # not before the boundary
     seen = []
     live.add_listener(seen.append)

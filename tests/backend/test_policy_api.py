@@ -22,7 +22,7 @@ def test_patch_mid_run_shows_in_step_records_from_the_reported_step(client, run_
     assert r.status_code == 200, r.text
     accepted = r.json()
     assert accepted["version"] == 2 and accepted["diff"] == {"staleness_bound": [10, 3],
-                                                             "swap_delay": [1, 2]}
+                                                             "swap_delay": ["auto", 2]}
     effective = accepted["effective_step"]
     # Step records reach the store in batches: wait until they have, not just the trainer.
     steps = wait_for(lambda: (page := client.get(f"/runs/{run_id}/steps", params={

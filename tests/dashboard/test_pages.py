@@ -87,7 +87,7 @@ def test_policy_form_shows_the_validation_error_verbatim(dashboard_env, http, li
     before = http.get(f"/runs/{live_run}/policy").json()
     expected = http.patch(f"/runs/{live_run}/policy",
                           json={"swap_delay": 5000}).json()["detail"][0]["msg"]
-    at.number_input(key=f"pf_swap_delay_{live_run}_{before['version']}").set_value(5000)
+    at.text_input(key=f"pf_swap_delay_{live_run}_{before['version']}").set_value("5000")
     at.button(key=f"pf_submit_{live_run}").click().run()
     assert not at.exception, at.exception
     error = texts(at.error)

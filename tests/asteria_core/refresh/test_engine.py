@@ -213,7 +213,8 @@ def test_workers_resize_mid_run_without_losing_work_and_shutdown_joins_all():
                 if t.name.startswith("refresh-")]
 
 
-def test_pacing_spreads_a_round_by_cost_and_changes_no_number():
+@pytest.mark.parametrize("delay", [4, "auto"])  # "auto" (the default) is d = S = 4
+def test_pacing_spreads_a_round_by_cost_and_changes_no_number(delay):
     """With pace on, a round's jobs go to the workers over W = min(d, S, interval) boundaries,
     about 1/W of the round's cost at each; the trained parameters are the same bit for bit."""
     interval = window = 4
@@ -222,7 +223,7 @@ def test_pacing_spreads_a_round_by_cost_and_changes_no_number():
         model, batches = _problem(5)
         opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=interval)
         policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=window,
-                                   swap_delay=window, workers=1, pace=pace))
+                                   swap_delay=delay, workers=1, pace=pace))
         engine = RefreshEngine(opt, policy)
         held = []  # per round: (its step, {release step: cost held back for it})
 

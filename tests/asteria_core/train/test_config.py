@@ -107,5 +107,9 @@ def test_policy_section_is_validated_like_the_rest(tmp_path):
             config.policy.swap_mode) == (4, 2, 2, "opportunistic")
     with pytest.raises(ConfigError, match=r"policy.swap_delay: got 5; allowed: at most "):
         resolve_config(str(path), ["--policy.swap_delay", "5"])
+    assert resolve_config(str(path), ["--policy.swap_delay", "auto"]).policy.delay == 4
+    assert resolve_config(str(path), ["--policy.swap_delay", "3"]).policy.swap_delay == 3
+    with pytest.raises(ConfigError, match='policy.swap_delay: got \'soon\'; allowed: "auto" or'):
+        resolve_config(str(path), ["--policy.swap_delay", "soon"])
     with pytest.raises(ConfigError, match="unknown config key 'policy.bound'"):
         resolve_config(None, ["--policy.bound", "5"])
