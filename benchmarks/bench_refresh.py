@@ -118,7 +118,8 @@ def summary(c: Contender) -> dict:
     ranked = sorted(r.step_seconds for i, r in enumerate(records)
                     if i >= WARMUP and i not in c.openers)
     starts = sorted(i for i in c.openers if i >= WARMUP) + [len(records)]
-    turns = [[r.step_seconds for r in records[a + 1:b]] for a, b in zip(starts, starts[1:], strict=False)]
+    turns = [[r.step_seconds for r in records[a + 1:b]]
+             for a, b in zip(starts, starts[1:], strict=False)]
     spike = statistics.median(max(t) / statistics.median(t) for t in turns if t)
     waits = [r.extra.get("idle_seconds", {}).get("refresh_wait", 0.0) for r in records]
     return {
