@@ -1,27 +1,25 @@
 """Refresh off the critical path: step-time smoothness and speed of Asteria vs native.
 
-    .venv/bin/python benchmarks/bench_refresh.py            # the comparison
-    .venv/bin/python benchmarks/bench_refresh.py --sweep    # the staleness sweep
+    .venv/bin/python benchmarks/bench_refresh.py --steps 120            # the comparison
+    .venv/bin/python benchmarks/bench_refresh.py --steps 120 --sweep    # the staleness sweep
 
 Model: a 3.3M-parameter GPT (n_embd 256, 4 layers, batch 16 x 128 tokens) whose SOAP refresh
 (every 10 steps) is a large share of a native step on a CPU. Each configuration trains the same
-seed for the same steps; the table gives step-time p50/p99/max/mean after a warm-up of 11
-steps (the initial eigendecompositions and the first refresh point, step 11), and the final
-validation loss.
+seed for the same steps; the table gives step-time p50/p99/max/mean (steps after the first 10,
+which hold the initial eigendecompositions of every variant), and the final validation loss.
 
 Round-robin: every configuration is built up front and they take turns, one refresh interval
-each after the warm-up turn (so a native refresh step ends a turn), so the drifting speed of a
-shared machine (this VM's step time moves by 10-40% over minutes) falls on all of them alike and
-their ratios are measured side by side. At the end of a turn the refreshes a run already handed
-to its workers are waited for, and that wait is charged to the run's next step (where they
-would have run), so no run's background work lands in another's turn. The mean and the training
-seconds count every step after the warm-up; the step-time percentiles and the spike ratio leave
-out the step that opens each turn, for every configuration alike: it runs on caches the other
-runs have just used and carries that charge. "Spike" is the median over turns of (slowest step /
-median step) within the turn: a refresh spike shows in every turn, while the machine's slower
-drift, which p99/p50 over a whole run also picks up (AdamW, with no refresh at all, shows that
-floor), does not. Writes benchmarks/results/refresh.json (refresh_sweep.json with --sweep), a
-table beside it and a step-time trace plot (named after it).
+each, so the drifting speed of a shared machine (this VM's step time moves by 10-40% over
+minutes) falls on all of them alike and their ratios are measured side by side. At the end of a
+turn the refreshes a run already handed to its workers are waited for, and that wait is charged
+to the run's next step (where they would have run), so no run's background work lands in
+another's turn (the wait, with the training stopped, costs about what the same work costs a
+step beside it). A turn opens at a refresh point (steps 11, 21, ...), so a native refresh spike
+and a whole burst round fall inside one turn and every step, charged or not, is counted. "Spike" is the median over turns of (slowest step / median step) within the
+turn: a refresh spike shows in every turn, while the machine's slower drift, which p99/p50 over
+a whole run also picks up (AdamW, with no refresh at all, is its floor), does not. Writes
+benchmarks/results/refresh.json (refresh_sweep.json with --sweep), a table beside it and a
+step-time trace plot (named after it).
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from asteria_core.cli import resolve_config
 from asteria_core.train.trainer import Trainer
 
 INTERVAL = 10  # steps between refreshes, and the length of one round-robin turn
-WARMUP = INTERVAL + 1  # the first turn: initial bases, then the first refresh point
 MODEL = ["--model.n_embd", "256", "--model.n_head", "4", "--model.n_layer", "4",
          "--data.batch_size", "16", "--policy.refresh_interval", str(INTERVAL)]
 
@@ -83,15 +80,12 @@ class Contender:
     trainer: Trainer
     threads: int
     records: list = field(default_factory=list)
-    openers: set[int] = field(default_factory=set)
-    """Indices of the records that open a turn."""
     charge: float = 0.0
     """Seconds waited at the end of the last turn for refreshes already handed to the workers;
     added to the next step, where they would have run."""
 
     def turn(self, steps: int) -> None:
         torch.set_num_threads(self.threads)
-        self.openers.add(len(self.records))
         for _ in range(steps):
             record = self.trainer.train_step()
             record.step_seconds += self.charge
@@ -114,13 +108,10 @@ def summary(c: Contender) -> dict:
     val_loss = c.trainer.evaluate()
     c.trainer.close()
     records = c.records
-    steady = [r.step_seconds for r in records[WARMUP:]]
-    ranked = sorted(r.step_seconds for i, r in enumerate(records)
-                    if i >= WARMUP and i not in c.openers)
-    starts = sorted(i for i in c.openers if i >= WARMUP) + [len(records)]
-    turns = [[r.step_seconds for r in records[a + 1:b]]
-             for a, b in zip(starts, starts[1:], strict=False)]
-    spike = statistics.median(max(t) / statistics.median(t) for t in turns if t)
+    steady = [r.step_seconds for r in records[INTERVAL:]]
+    ranked = sorted(steady)
+    turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]
+    spike = statistics.median(max(t) / statistics.median(t) for t in turns)
     waits = [r.extra.get("idle_seconds", {}).get("refresh_wait", 0.0) for r in records]
     return {
         "label": c.label, "args": c.args, "params": c.trainer.model_params,
@@ -138,12 +129,11 @@ def summary(c: Contender) -> dict:
 
 def round_robin(chosen: list[tuple[str, list[str]]], steps: int, out_dir: str) -> list[dict]:
     contenders = [build(label, args, steps, out_dir) for label, args in chosen]
-    lengths = [WARMUP] + [INTERVAL] * (-(-(steps - WARMUP) // INTERVAL))
-    lengths[-1] -= sum(lengths) - steps
-    for k, length in enumerate(lengths):
+    turns = -(-steps // INTERVAL)
+    for k in range(turns):
         for c in contenders:
-            c.turn(length)
-        print(f"turn {k + 1}/{len(lengths)} done", file=sys.stderr, flush=True)
+            c.turn(min(INTERVAL, steps - k * INTERVAL))
+        print(f"turn {k + 1}/{turns} done", file=sys.stderr, flush=True)
     return [summary(c) for c in contenders]
 
 
@@ -168,8 +158,7 @@ def plot(results: list[dict], path: Path) -> None:
 def table(results: list[dict], steps: int) -> str:
     native = {r["label"].split()[-1]: r for r in results if r["label"].startswith("native")}
     lines = [f"{results[0]['params'] / 1e6:.1f}M parameters, {steps} steps, refresh every "
-             f"{INTERVAL} steps, {WARMUP}-step warm-up, round-robin turns of {INTERVAL} steps",
-             "",
+             f"{INTERVAL} steps, round-robin turns of {INTERVAL} steps", "",
              "| config | p50 ms | p99 ms | max ms | mean ms | p99/p50 | spike | mean / native | "
              "refresh wait s | max staleness | val loss | train s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -186,8 +175,7 @@ def table(results: list[dict], steps: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=WARMUP + 12 * INTERVAL,
-                        help="steps per configuration, warm-up included (default: 12 turns)")
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--sweep", action="store_true",
                         help="the staleness sweep S in {1, 2, 3, 5, 10} beside native SOAP")
     parser.add_argument("--only", help="run only configurations whose label contains this")
