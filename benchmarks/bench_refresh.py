@@ -15,9 +15,10 @@ turn the refreshes a run already handed to its workers are waited for, and that 
 to the run's next step (where they would have run), so no run's background work lands in
 another's turn (the wait, with the training stopped, costs about what the same work costs a
 step beside it). A turn opens at a refresh point (steps 11, 21, ...), so a native refresh spike
-and a whole burst round fall inside one turn and every step, charged or not, is counted. "Spike" is the median over turns of (slowest step / median step) within the
-turn: a refresh spike shows in every turn, while the machine's slower drift, which p99/p50 over
-a whole run also picks up (AdamW, with no refresh at all, is its floor), does not. Writes
+and a whole burst round fall inside one turn and every step, charged or not, is counted.
+"Spike" is the median over turns of (slowest step / median step) within the turn: a refresh
+spike shows in every turn, while the machine's slower drift, which p99/p50 over a whole run
+also picks up (AdamW, with no refresh at all, is its floor), does not. Writes
 benchmarks/results/refresh.json (refresh_sweep.json with --sweep), a table beside it and a
 step-time trace plot (named after it).
 """
