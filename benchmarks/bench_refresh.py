@@ -89,6 +89,8 @@ class Contender:
         torch.set_num_threads(self.threads)
         for _ in range(steps):
             record = self.trainer.train_step()
+            for sink in self.trainer.record_sinks:  # telemetry adds the idle (wait) figures
+                sink(record)
             record.step_seconds += self.charge
             self.charge = 0.0
             self.records.append(record)
