@@ -10,12 +10,13 @@ which hold the initial eigendecompositions of every variant), and the final vali
 
 Round-robin: every configuration is built up front and they take turns, one refresh interval
 each, so the drifting speed of a shared machine (this VM's step time moves by 10-40% over
-minutes) falls on all of them alike and their ratios are measured side by side. At the end of a
-turn the refreshes a run already handed to its workers are waited for, and that wait is charged
-to the run's next step (where they would have run), so no run's background work lands in
-another's turn (the wait, with the training stopped, costs about what the same work costs a
-step beside it). A turn opens at a refresh point (steps 11, 21, ...), so a native refresh spike
-and a whole burst round fall inside one turn and every step, charged or not, is counted.
+minutes) falls on all of them alike and their ratios are measured side by side. The jobs that
+pacing releases at a turn's last boundary are held and released when the run's next turn
+starts, right before the step they would have run beside; a job released earlier and still
+running is waited for, and the wait is charged to the run's next step. So no run's background
+work lands in another's turn, and a paced run's jobs run beside its own steps. A turn opens at a
+refresh point (steps 11, 21, ...), so a native refresh spike and a whole burst round fall
+inside one turn, and every step after the first 10 is counted.
 "Spike" is the median over turns of (slowest step / median step) within the turn: a refresh
 spike shows in every turn, while the machine's slower drift, which p99/p50 over a whole run
 also picks up (AdamW, with no refresh at all, is its floor), does not. Writes
@@ -87,15 +88,20 @@ class Contender:
 
     def turn(self, steps: int) -> None:
         torch.set_num_threads(self.threads)
-        for _ in range(steps):
+        engine = self.trainer.refresh
+        if engine is not None:
+            engine.defer_releases(False)  # what the last turn's last boundary released goes now
+        for i in range(steps):
+            if engine is not None and i == steps - 1:
+                engine.defer_releases(True)  # this turn's last boundary releases at the next
             record = self.trainer.train_step()
             for sink in self.trainer.record_sinks:  # telemetry adds the idle (wait) figures
                 sink(record)
             record.step_seconds += self.charge
             self.charge = 0.0
             self.records.append(record)
-        if self.trainer.refresh is not None:
-            self.charge = self.trainer.refresh.wait_released()
+        if engine is not None:
+            self.charge = engine.wait_released()
 
 
 def build(label: str, args: list[str], steps: int, out_dir: str) -> Contender:
