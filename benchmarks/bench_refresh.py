@@ -152,14 +152,23 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for r in results:
-        ax.plot(r["trace_ms"], label=r["label"], linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("step time (ms, measured; log scale)")
-    ax.set_yscale("log")
-    ax.set_title(f"Step time per step, refresh every {INTERVAL} steps (round-robin)")
-    ax.legend(fontsize=8)
+    # SOAP and KL-Shampoo in two panels, each beside AdamW; the thread-budget variants are in
+    # the table only (eight lines in one panel hide the spikes).
+    shown = [r for r in results if "process" not in r["label"] and "1 thr" not in r["label"]]
+    panels = [(name, lines) for name, lines in (
+        ("SOAP", [r for r in shown if "KL" not in r["label"]]),
+        ("KL-Shampoo", [r for r in shown if "KL" in r["label"] or r["label"] == "AdamW"]))
+        if any(r["label"] != "AdamW" for r in lines)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (name, lines) in zip(axes[:, 0], panels, strict=True):
+        for r in lines:
+            ax.plot(r["trace_ms"], label=r["label"], linewidth=1)
+        ax.set_ylabel("step time (ms, measured; log)")
+        ax.set_yscale("log")
+        ax.set_title(f"{name}: step time per step, refresh every {INTERVAL} steps (round-robin)")
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
