@@ -104,9 +104,9 @@ class Contender:
             self.charge = engine.wait_released()
 
 
-def build(label: str, args: list[str], steps: int, out_dir: str) -> Contender:
+def build(label: str, args: list[str], steps: int, out_dir: Path) -> Contender:
     config = resolve_config(None, [*MODEL, "--train.steps", str(steps), "--train.out_dir",
-                                   str(Path(out_dir) / str(abs(hash(label)))), *args])
+                                   str(out_dir), *args])
     threads = config.train.threads or 2
     torch.set_num_threads(threads)
     return Contender(label, args, Trainer(config, jsonl=False), threads)
@@ -137,7 +137,8 @@ def summary(c: Contender) -> dict:
 
 
 def round_robin(chosen: list[tuple[str, list[str]]], steps: int, out_dir: str) -> list[dict]:
-    contenders = [build(label, args, steps, out_dir) for label, args in chosen]
+    contenders = [build(label, args, steps, Path(out_dir) / f"config{i}")
+                  for i, (label, args) in enumerate(chosen)]
     turns = -(-steps // INTERVAL)
     for k in range(turns):
         for c in contenders:
