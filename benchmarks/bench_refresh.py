@@ -159,7 +159,7 @@ def plot(results: list[dict], path: Path) -> None:
     panels = [(name, lines) for name, lines in (
         ("SOAP", [r for r in shown if "KL" not in r["label"]]),
         ("KL-Shampoo", [r for r in shown if "KL" in r["label"] or r["label"] == "AdamW"]))
-        if any(r["label"] != "AdamW" for r in lines)]
+        if any(r["label"] != "AdamW" for r in lines)] or [("", shown or results)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4 * len(panels)), sharex=True,
                              squeeze=False)
     for ax, (name, lines) in zip(axes[:, 0], panels, strict=True):
@@ -167,7 +167,8 @@ def plot(results: list[dict], path: Path) -> None:
             ax.plot(r["trace_ms"], label=r["label"], linewidth=1)
         ax.set_ylabel("step time (ms, measured; log)")
         ax.set_yscale("log")
-        ax.set_title(f"{name}: step time per step, refresh every {INTERVAL} steps (round-robin)")
+        ax.set_title(f"{name + ': ' if name else ''}step time per step, refresh every "
+                     f"{INTERVAL} steps (round-robin)")
         ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
