@@ -12,6 +12,7 @@ a runtime reads `due_blocks()` after each step and drives the seam itself.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -57,6 +58,10 @@ class Residency(Protocol):
 
     def materialized(self, packed: dict) -> dict: ...
 
+    def buffered(self, index: int) -> bool:
+        """True when parameter `index`'s state passes through the runtime's own buffers, which
+        it reuses or rewrites: then the optimizer copies that state, never lends or replaces it."""
+
     def adopt_all(self) -> None: ...
 
 
@@ -100,6 +105,10 @@ class BlockPreconditioner(torch.optim.Optimizer):
         self._pending: list[tuple[int, RefreshResult]] = []  # (swap step, result), in order
         self._due: tuple[BlockKey, ...] = ()
         self._layouts: dict[int, tuple[tuple, Layout]] = {}
+        self._lent: weakref.WeakValueDictionary[int, torch.Tensor] = \
+            weakref.WeakValueDictionary()
+        """Factor blocks a snapshot holds without a copy, by id: their next update writes a new
+        tensor (copy on write). An entry goes when its tensor dies, before its id can be reused."""
         self.residency: Residency | None = None
         """Set by a tier store: state may live off the device between uses (see Residency)."""
 
@@ -181,7 +190,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
 
     def _refresh_inline(self, key: BlockKey) -> RefreshResult | None:
         try:
-            result = refresh_fn(self.snapshot(key), self.refresh_config(key))
+            result = refresh_fn(self.snapshot(key, lend=True), self.refresh_config(key))
         except torch.linalg.LinAlgError:
             result = None
         if result is None or not is_finite(result):
@@ -221,23 +230,36 @@ class BlockPreconditioner(torch.optim.Optimizer):
         return self._block_refresh_config(group, layout, key.dim)
 
     def snapshot(self, key: BlockKey, device: torch.device | str | None = None,
-                 non_blocking: bool = False) -> FactorSnapshot:
-        """Clone one block's factor (and basis, when the refresh reads it) at this boundary."""
+                 non_blocking: bool = False, *, lend: bool = False) -> FactorSnapshot:
+        """One block's factor (and basis, when the refresh reads it) at this boundary.
+
+        Cloned by default. With `lend` (and no tier store, whose buffers are reused) nothing is
+        copied: the snapshot holds the live tensors, which the optimizer then never writes in
+        place again (a basis is replaced at a swap, and the block's next factor update writes a
+        new tensor). So a boundary that starts a refresh copies nothing. Treat a lent snapshot's
+        tensors as read-only.
+        """
         p, group, layout = self._locate(key)
         state = self._block_state(p, key)
         config = self._block_refresh_config(group, layout, key.dim)
+        lend = lend and device is None and self._owns(key.param)
 
-        def clone(t: torch.Tensor) -> torch.Tensor:
+        def take(t: torch.Tensor) -> torch.Tensor:
+            if lend:
+                return t
             if device is None:
                 return t.clone()
             return t.to(device, non_blocking=non_blocking, copy=True)
 
         with self._resident(key.param, state, "none"):
+            factor = state[FACTORS][key.dim][key.chunk]
+            if lend:
+                self._lent[id(factor)] = factor
             basis = state[BASES][key.dim][key.chunk]
             return FactorSnapshot(key=key, stats_step=self._num_steps,
                                   base_version=state[VERSIONS][key.dim][key.chunk],
-                                  factor=clone(state[FACTORS][key.dim][key.chunk]),
-                                  basis=clone(basis) if config.needs_basis else None,
+                                  factor=take(factor),
+                                  basis=take(basis) if config.needs_basis else None,
                                   scale=self._snapshot_scale(state, group))
 
     def apply_refresh(self, key: BlockKey, result: RefreshResult) -> None:
@@ -270,7 +292,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         if p_bb is not None:
             p_bb = p_bb.to(basis_bb.device, basis_bb.dtype)
         self._swap_moments(state, layout, key, perm_b, p_bb)
-        basis_bb.copy_(new_bb)
+        self._install(key.param, state[BASES][key.dim], key.chunk, new_bb)
         state[VERSIONS][key.dim][key.chunk] = version + 1
         state[BASIS_STEPS][key.dim][key.chunk] = result.stats_step
 
@@ -303,6 +325,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         self.refresh_failures = extra["refresh_failures"]
         self._pending = [(item["at"], RefreshResult.from_dict(item)) for item in extra["pending"]]
         self._due = ()
+        self._lent.clear()
         if self.residency is not None:
             self.residency.adopt_all()
 
@@ -326,6 +349,30 @@ class BlockPreconditioner(torch.optim.Optimizer):
             for p in group["params"]:
                 yield index, p, group
                 index += 1
+
+    def _factor_out(self, blocks: list[torch.Tensor], chunk: int) -> torch.Tensor:
+        """Where an update of factor `blocks[chunk]` writes its result: in place, or into a new
+        tensor that takes the block's place when a snapshot holds it (lent). The update reads
+        the old values from the tensor it held before calling this."""
+        old = blocks[chunk]
+        if self._lent.pop(id(old), None) is None:
+            return old
+        blocks[chunk] = torch.empty_like(old)
+        return blocks[chunk]
+
+    def _owns(self, index: int) -> bool:
+        """Whether parameter `index`'s state tensors are the optimizer's own to lend and replace
+        (see Residency.buffered)."""
+        return self.residency is None or not self.residency.buffered(index)
+
+    def _install(self, index: int, container, key, value: torch.Tensor) -> None:
+        """container[key] <- value for parameter `index`'s state: the tensor takes the old one's
+        place (no copy; a snapshot holding the old one keeps it intact), or, when the state is
+        in a runtime buffer, its values are copied in."""
+        if self._owns(index):
+            container[key] = value.contiguous()
+        else:
+            container[key].copy_(value)
 
     @contextmanager
     def _resident(self, index: int, state: dict, writes: str):

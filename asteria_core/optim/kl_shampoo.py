@@ -168,12 +168,13 @@ class KLShampoo(BlockPreconditioner):
                 lam_b.lerp_(diag_b, 1.0 - beta)
                 state[EIG_INV_SQRT][dim][c].copy_(kl_eig_inv_sqrt(lam_b, _clamp(group, sizes[c])))
 
-    @staticmethod
-    def _add_factor(state, layout: Layout, dim: int, outers: list, beta: float) -> None:
+    def _add_factor(self, state, layout: Layout, dim: int, outers: list, beta: float) -> None:
         # S <- beta S + (1 - beta) / (numel / d_dim) * outer   (the reference's update_S)
         alpha = (1.0 - beta) / (layout.numel / layout.shape[dim])
-        for factor_bb, outer_bb in zip(state[FACTORS][dim], outers, strict=True):
-            factor_bb.mul_(beta).add_(outer_bb, alpha=alpha)
+        factors = state[FACTORS][dim]
+        for c, (factor_bb, outer_bb) in enumerate(zip(factors, outers, strict=True)):
+            torch.mul(factor_bb, beta, out=self._factor_out(factors, c)).add_(outer_bb,
+                                                                               alpha=alpha)
 
     @staticmethod
     def _eig(state) -> list:

@@ -1,7 +1,7 @@
 """The refresh seam: what a runtime needs to compute a preconditioner refresh anywhere.
 
-An optimizer hands out a `FactorSnapshot` of one block (cloned tensors, nothing shared with live
-state) and a `RefreshConfig`; `refresh_fn` turns them into a `RefreshResult` without touching any
+An optimizer hands out a `FactorSnapshot` of one block (tensors that the optimizer never writes
+again: cloned, or lent without a copy, see `BlockPreconditioner.snapshot`) and a `RefreshConfig`; `refresh_fn` turns them into a `RefreshResult` without touching any
 optimizer, so it can run inline, on a host worker thread or process, or on another rank; the
 optimizer's `apply_refresh` swaps the result in at a step boundary. All three types are plain
 picklable dataclasses of tensors, ints, floats and strings.
@@ -86,7 +86,7 @@ class RefreshConfig:
 
 @dataclass(frozen=True, slots=True)
 class FactorSnapshot:
-    """One block's statistics at the end of step `stats_step`, cloned out of the optimizer."""
+    """One block's statistics at the end of step `stats_step`: read-only for everyone."""
 
     key: BlockKey
     stats_step: int
@@ -155,9 +155,10 @@ def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult
         transport_bb = overlap_transport(_basis(snapshot).to(dtype), q_new_bb)
         transport_bb = transport_bb.to(snapshot.factor.dtype)
         perm_b = None
+    # Contiguous in the factor's dtype: the swap installs it as it is, with no copy.
     return RefreshResult(key=snapshot.key, stats_step=snapshot.stats_step,
                          base_version=snapshot.base_version,
-                         basis=q_new_bb.to(snapshot.factor.dtype), perm=perm_b,
+                         basis=q_new_bb.to(snapshot.factor.dtype).contiguous(), perm=perm_b,
                          transport=transport_bb)
 
 
@@ -165,6 +166,19 @@ def _basis(snapshot: FactorSnapshot) -> torch.Tensor:
     if snapshot.basis is None:
         raise ValueError(f"snapshot of {snapshot.key} has no basis, but the refresh needs it")
     return snapshot.basis
+
+
+class NonFiniteResult(ValueError):
+    """A refresh returned NaN or infinite values."""
+
+
+def checked_refresh(fn, snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult:
+    """`fn(snapshot, config)`, raising NonFiniteResult when the result is not finite. A runtime
+    runs this where the refresh runs (a worker), so the check is off the training thread."""
+    result = fn(snapshot, config)
+    if not is_finite(result):
+        raise NonFiniteResult("non-finite values in the result")
+    return result
 
 
 def is_finite(result: RefreshResult) -> bool:

@@ -134,10 +134,12 @@ class Shampoo(BlockPreconditioner):
 
         for dim, sizes in enumerate(layout.chunks):
             if sizes is not None:
-                for factor_bb, outer_bb in zip(state[FACTORS][dim], dim_outer(grad, dim, sizes),
-                                               strict=True):
+                factors = state[FACTORS][dim]
+                for c, (factor_bb, outer_bb) in enumerate(
+                        zip(factors, dim_outer(grad, dim, sizes), strict=True)):
+                    out = self._factor_out(factors, c)
                     if beta2 == 1.0:
-                        factor_bb.add_(outer_bb)
+                        torch.add(factor_bb, outer_bb, out=out)
                     else:
-                        factor_bb.lerp_(outer_bb, 1 - beta2)
+                        torch.lerp(factor_bb, outer_bb, 1 - beta2, out=out)
         return step % group["precondition_frequency"] == 0

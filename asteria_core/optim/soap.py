@@ -50,14 +50,6 @@ from asteria_core.optim.seam import BlockKey, RefreshConfig
 EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
 
 
-def soap_update_factors(grad: torch.Tensor, factors, layout: Layout, beta: float) -> None:
-    """F <- lerp(F, contraction of G over all other dims, 1 - beta), per block (in place)."""
-    for dim, sizes in enumerate(layout.chunks):
-        if sizes is not None:
-            for factor_bb, outer_bb in zip(factors[dim], dim_outer(grad, dim, sizes), strict=True):
-                factor_bb.lerp_(outer_bb, 1 - beta)
-
-
 class SOAP(BlockPreconditioner):
     """SOAP as a torch.optim.Optimizer with the reference's arguments and defaults.
 
@@ -116,7 +108,7 @@ class SOAP(BlockPreconditioner):
             state[EXP_AVG] = torch.zeros_like(grad)
             state[EXP_AVG_SQ] = torch.zeros_like(grad)
             self._init_blocks(state, layout, grad)
-            soap_update_factors(grad, state[FACTORS], layout, shampoo_beta)
+            self._update_factors(grad, state[FACTORS], layout, shampoo_beta)
             # The reference's first call only builds statistics and the first basis, so the
             # current gradient never enters its own projection.
             return True
@@ -139,9 +131,17 @@ class SOAP(BlockPreconditioner):
         if group["weight_decay"] > 0.0:
             p.add_(p, alpha=-group["lr"] * group["weight_decay"])
 
-        soap_update_factors(grad, state[FACTORS], layout, shampoo_beta)
+        self._update_factors(grad, state[FACTORS], layout, shampoo_beta)
         return step % group["precondition_frequency"] == 0
 
+    def _update_factors(self, grad: torch.Tensor, factors, layout: Layout, beta: float) -> None:
+        """F <- lerp(F, contraction of G over all other dims, 1 - beta), per block."""
+        for dim, sizes in enumerate(layout.chunks):
+            if sizes is not None:
+                for c, (factor_bb, outer_bb) in enumerate(
+                        zip(factors[dim], dim_outer(grad, dim, sizes), strict=True)):
+                    torch.lerp(factor_bb, outer_bb, 1 - beta, out=self._factor_out(factors[dim], c))
+
     def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
-        exp_avg_sq = state[EXP_AVG_SQ]
-        exp_avg_sq.copy_(self._swap_along_dim(exp_avg_sq, layout, key, perm_b, p_bb))
+        self._install(key.param, state, EXP_AVG_SQ,
+                      self._swap_along_dim(state[EXP_AVG_SQ], layout, key, perm_b, p_bb))

@@ -30,9 +30,10 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 from asteria_core.optim.base import BlockPreconditioner
-from asteria_core.optim.seam import BlockKey, RefreshResult, is_finite, refresh_fn
+from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, refresh_fn
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh.workers import Job, RefreshFn, make_pool
 from asteria_core.telemetry.reporter import NullReporter, Reporter
@@ -65,9 +66,10 @@ class RefreshEngine:
         self.opt = optimizer
         self.policy = policy
         self.reporter = reporter or NullReporter()
-        self.fn = fn
-        """Runs each refresh: on the workers, or inline when workers = 0."""
-        self.fallback_fn = fallback_fn
+        # Where a refresh runs (a worker, or inline when workers = 0), its result is checked
+        # for NaN and inf there too: a non-finite result arrives as an error.
+        self.fn = partial(checked_refresh, fn)
+        self.fallback_fn = partial(checked_refresh, fallback_fn)
         """Computes a refresh inline when its worker hung past the timeout."""
         optimizer.external_refresh = True
         self.blocks = {b.key: b for b in optimizer.refresh_blocks()}
@@ -138,7 +140,7 @@ class RefreshEngine:
             self._retired.append(old)
 
     def _start(self, key: BlockKey, t: int, policy: Policy) -> Outstanding:
-        snapshot = self.opt.snapshot(key)
+        snapshot = self.opt.snapshot(key, lend=True)  # no copy at the boundary
         config = self.opt.refresh_config(key)
         item = Outstanding(key, t, None)
         if self._pool is None:
@@ -230,7 +232,7 @@ class RefreshEngine:
                 pool.abandon(job)
 
     def _swap(self, item: Outstanding, policy: Policy) -> None:
-        ok = item.result is not None and item.error is None and is_finite(item.result)
+        ok = item.result is not None and item.error is None
         self.reporter.refresh_done(self._refresh_seconds.get(item.key, 0.0), ok=ok)
         if ok:
             self.opt.apply_refresh(item.key, item.result)
@@ -313,8 +315,7 @@ class RefreshEngine:
                 item = queue_.popleft()
                 self._finish(item, policy)
                 at = item.stats_step + policy.delay
-                ok = item.result is not None and item.error is None and is_finite(item.result)
-                if ok:
+                if item.result is not None and item.error is None:
                     self.opt.schedule_refresh(max(at, self.opt.num_steps + 1), item.result)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ additionally own their intra-op thread count and can be killed when a refresh ha
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import multiprocessing as mp
@@ -168,6 +169,15 @@ def _renice(tid: int, nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
+def _private(snapshot: FactorSnapshot) -> FactorSnapshot:
+    """A copy of a (possibly lent) snapshot to send to a process: pickling moves a tensor's
+    storage into shared memory in place, which the optimizer's live tensors must not undergo.
+    Runs on the dispatcher thread, off the training thread."""
+    return dataclasses.replace(
+        snapshot, factor=snapshot.factor.clone(),
+        basis=None if snapshot.basis is None else snapshot.basis.clone())
+
+
 def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int) -> None:
     import torch
 
@@ -234,7 +244,7 @@ class ProcessWorkers:
                 proc.job = job
                 self._jobs[job_id] = (job, proc)
                 job.started_at = time.perf_counter()
-            proc.inbox.put((job_id, job.snapshot, job.config))
+            proc.inbox.put((job_id, _private(job.snapshot), job.config))
 
     def _collect(self) -> None:
         while True:

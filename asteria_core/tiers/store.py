@@ -206,6 +206,12 @@ class TierStore:
             set_leaf(state, e.path, self._view(slot, e, off))
         self._prefetch_after(index)
 
+    def buffered(self, index: int) -> bool:
+        """Whether parameter `index`'s state passes through the store's buffers (disk staging,
+        CUDA host homes). State homed on the device (or, on a CPU machine, the host) stays the
+        optimizer's own tensors, which the store only re-points at a migration."""
+        return bool(self._offsets.get(index) or self._host_staged.get(index))
+
     def release(self, index: int, state: dict, writes: str) -> None:
         if index not in self._adopted:
             self._adopt(index, state)

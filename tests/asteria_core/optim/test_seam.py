@@ -186,7 +186,7 @@ def test_a_failed_native_refresh_keeps_the_basis_and_is_counted(name):
     assert opt.basis_version(BlockKey(0, 1, 0)) > version  # the healthy block still refreshed
 
 
-def test_snapshots_are_copies_and_everything_pickles():
+def test_snapshots_are_copies_by_default_and_everything_pickles():
     grads = structured_grads((5, 4), 4, seed=34)
     p = torch.zeros(5, 4, dtype=torch.float64, requires_grad=True)
     opt = SOAP([p], moment_swap="transport")
@@ -201,6 +201,38 @@ def test_snapshots_are_copies_and_everything_pickles():
     assert torch.equal(result.basis, result2.basis)
     assert torch.equal(result.transport, result2.transport)
     assert pickle.loads(pickle.dumps(result)).key == key
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_lent_snapshot_copies_nothing_stays_intact_and_changes_no_number(name):
+    """snapshot(lend=True) hands out the live tensors; later factor updates and swaps write new
+    tensors instead, so the snapshot keeps its step's values, and a run that lends equals one
+    that clones, bit for bit."""
+    models = {how: tiny_mlp() for how in ("lend", "clone")}
+    opts = {how: OPTIMIZERS[name](m.parameters()) for how, m in models.items()}
+    for opt in opts.values():
+        opt.external_refresh = True
+    batches = mlp_batches(13)
+    kept: dict = {}
+    held: list = []
+    for t, batch in enumerate(batches, start=1):
+        for how, opt in opts.items():
+            mlp_step(models[how], opt, batch)
+            for key in opt.due_blocks():
+                snap = opt.snapshot(key, lend=how == "lend")
+                live = opt.state[opt._locate(key)[0]][FACTORS][key.dim][key.chunk]
+                assert (snap.factor.data_ptr() == live.data_ptr()) == (how == "lend")
+                if how == "lend":
+                    held.append(snap)
+                    kept[id(snap)] = (snap.factor.clone(), None if snap.basis is None
+                                      else snap.basis.clone())
+                opt.apply_refresh(key, refresh_fn(snap, opt.refresh_config(key)))
+    assert len(held) >= 10
+    for snap in held:  # every lent snapshot still holds its own step's values
+        factor, basis = kept[id(snap)]
+        assert torch.equal(snap.factor, factor)
+        assert basis is None or torch.equal(snap.basis, basis)
+    assert _params_equal(models["lend"], models["clone"])
 
 
 def test_a_result_from_an_older_basis_is_transported_from_the_current_one():

@@ -109,3 +109,16 @@ def _tensors(value):
     elif isinstance(value, dict | list):
         for v in value.values() if isinstance(value, dict) else value:
             yield from _tensors(v)
+
+
+def test_a_snapshot_under_a_tier_store_is_a_copy_even_when_lending_is_asked(tmp_path):
+    """The store reuses its staging buffers for other parameters, so lending would let later
+    steps overwrite a refresh's input: under a store a snapshot is always copied."""
+    policies, _, _ = budgets(tmp_path)
+    run = Run(policies["tenth_disk"], tmp_path / "run")
+    run.train(6)
+    snaps = [run.opt.snapshot(b.key, lend=True) for b in run.opt.refresh_blocks()]
+    kept = [s.factor.clone() for s in snaps]
+    run.train(6)
+    run.close()
+    assert all(torch.equal(s.factor, k) for s, k in zip(snaps, kept, strict=True))
