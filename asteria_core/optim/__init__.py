@@ -12,8 +12,10 @@ from asteria_core.optim.seam import (
     BlockInfo,
     BlockKey,
     FactorSnapshot,
+    NonFiniteResult,
     RefreshConfig,
     RefreshResult,
+    checked_refresh,
     is_finite,
     refresh_fn,
 )
@@ -27,9 +29,11 @@ __all__ = [
     "BlockPreconditioner",
     "FactorSnapshot",
     "KLShampoo",
+    "NonFiniteResult",
     "RefreshConfig",
     "RefreshResult",
     "Shampoo",
+    "checked_refresh",
     "is_finite",
     "refresh_fn",
 ]

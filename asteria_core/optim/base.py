@@ -284,13 +284,14 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise ValueError(f"result basis {tuple(result.basis.shape)} does not fit block {key} "
                              f"{tuple(basis_bb.shape)}")
         version = state[VERSIONS][key.dim][key.chunk]
-        new_bb = result.basis.to(basis_bb.device, basis_bb.dtype)
+        # non_blocking: from a worker's pinned result the copy to a CUDA device is asynchronous
+        new_bb = result.basis.to(basis_bb.device, basis_bb.dtype, non_blocking=True)
         perm_b, p_bb = result.perm, result.transport
         if result.base_version != version:
             perm_b = None
             p_bb = None if p_bb is None else overlap_transport(basis_bb, new_bb)
         if p_bb is not None:
-            p_bb = p_bb.to(basis_bb.device, basis_bb.dtype)
+            p_bb = p_bb.to(basis_bb.device, basis_bb.dtype, non_blocking=True)
         self._swap_moments(state, layout, key, perm_b, p_bb)
         self._install(key.param, state[BASES][key.dim], key.chunk, new_bb)
         state[VERSIONS][key.dim][key.chunk] = version + 1

@@ -186,7 +186,10 @@ class KLShampoo(BlockPreconditioner):
             return
         e_b = state[EIG_INV_SQRT][key.dim][key.chunk]
         lam_b = (1.0 / e_b**2).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        lam_b = lam_b @ p_bb if p_bb is not None else lam_b[perm_b.to(lam_b.device)]
+        if p_bb is not None:
+            lam_b = lam_b @ p_bb
+        else:
+            lam_b = lam_b[perm_b.to(lam_b.device, non_blocking=True)]
         group = self._locate(key)[1]
         e_b.copy_(kl_eig_inv_sqrt(lam_b, _clamp(group, e_b.shape[0])))
 

@@ -150,7 +150,7 @@ def permute_dim(x: torch.Tensor, dim: int, sizes: tuple[int, ...], chunk: int,
     """x with the entries of one chunk along `dim` re-indexed: new[j] = old[perm[j]]."""
     offset = sum(sizes[:chunk])
     index = torch.arange(x.shape[dim], device=x.device)
-    index[offset:offset + sizes[chunk]] = perm_b.to(x.device) + offset
+    index[offset:offset + sizes[chunk]] = perm_b.to(x.device, non_blocking=True) + offset
     return x.index_select(dim, index)
 
 

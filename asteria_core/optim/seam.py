@@ -1,10 +1,11 @@
 """The refresh seam: what a runtime needs to compute a preconditioner refresh anywhere.
 
-An optimizer hands out a `FactorSnapshot` of one block (tensors that the optimizer never writes
-again: cloned, or lent without a copy, see `BlockPreconditioner.snapshot`) and a `RefreshConfig`; `refresh_fn` turns them into a `RefreshResult` without touching any
-optimizer, so it can run inline, on a host worker thread or process, or on another rank; the
-optimizer's `apply_refresh` swaps the result in at a step boundary. All three types are plain
-picklable dataclasses of tensors, ints, floats and strings.
+An optimizer hands out a `FactorSnapshot` of one block (tensors the optimizer never writes again:
+cloned, or lent without a copy, see `BlockPreconditioner.snapshot`) and a `RefreshConfig`;
+`refresh_fn` turns them into a `RefreshResult` without touching any optimizer, so it can run
+inline, on a host worker thread or process, or on another rank; the optimizer's `apply_refresh`
+swaps the result in at a step boundary. All three types are plain picklable dataclasses of
+tensors, ints, floats and strings.
 
 Legend: b is the side of the block's factor; F_bb the factor statistics, Q_bb a basis (SOAP,
 KL-Shampoo: eigenvector estimates in descending eigenvalue order; Shampoo: the inverse root).
@@ -172,12 +173,22 @@ class NonFiniteResult(ValueError):
     """A refresh returned NaN or infinite values."""
 
 
-def checked_refresh(fn, snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult:
+def checked_refresh(fn, snapshot: FactorSnapshot, config: RefreshConfig,
+                    pin_memory: bool = False) -> RefreshResult:
     """`fn(snapshot, config)`, raising NonFiniteResult when the result is not finite. A runtime
-    runs this where the refresh runs (a worker), so the check is off the training thread."""
+    runs this where the refresh runs (a worker), so the check is off the training thread. With
+    `pin_memory` the result's CPU tensors are moved to pinned memory, from which the swap copies
+    them to a CUDA device without blocking the host."""
     result = fn(snapshot, config)
     if not is_finite(result):
         raise NonFiniteResult("non-finite values in the result")
+    if pin_memory:
+        def pin(t):
+            return t if t is None or t.device.type != "cpu" else t.pin_memory()
+
+        result = RefreshResult(key=result.key, stats_step=result.stats_step,
+                               base_version=result.base_version, basis=pin(result.basis),
+                               perm=pin(result.perm), transport=pin(result.transport))
     return result
 
 

@@ -13,8 +13,10 @@ from asteria_core.optim import (
     BlockKey,
     FactorSnapshot,
     KLShampoo,
+    NonFiniteResult,
     RefreshResult,
     Shampoo,
+    checked_refresh,
     is_finite,
     refresh_fn,
 )
@@ -168,6 +170,11 @@ def test_non_finite_results_are_detected():
                                        basis=torch.full((3, 3), float("nan"))))
     assert not is_finite(RefreshResult(key=good.key, stats_step=1, base_version=0, basis=basis,
                                        transport=torch.tensor([[float("inf")]])))
+    bad = RefreshResult(key=good.key, stats_step=1, base_version=0,
+                        basis=torch.full((3, 3), float("inf")))
+    assert checked_refresh(lambda snapshot, config: good, None, None) is good
+    with pytest.raises(NonFiniteResult, match="non-finite"):
+        checked_refresh(lambda snapshot, config: bad, None, None)
 
 
 @pytest.mark.parametrize("name", ["soap", "shampoo", "kl_shampoo"])
@@ -215,7 +222,7 @@ def test_a_lent_snapshot_copies_nothing_stays_intact_and_changes_no_number(name)
     batches = mlp_batches(13)
     kept: dict = {}
     held: list = []
-    for t, batch in enumerate(batches, start=1):
+    for batch in batches:
         for how, opt in opts.items():
             mlp_step(models[how], opt, batch)
             for key in opt.due_blocks():
