@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_refresh.py --steps 120            # the comparison
     .venv/bin/python benchmarks/bench_refresh.py --steps 120 --sweep    # the staleness sweep
+    .venv/bin/python benchmarks/bench_refresh.py --gpu --steps 200      # one CUDA device
 
 Model: a 3.3M-parameter GPT (n_embd 256, 4 layers, batch 16 x 128 tokens) whose SOAP refresh
 (every 10 steps) is a large share of a native step on a CPU. Each configuration trains the same
@@ -22,12 +23,21 @@ spike shows in every turn, while the machine's slower drift, which p99/p50 over 
 also picks up (AdamW, with no refresh at all, is its floor), does not. Writes
 benchmarks/results/refresh.json (refresh_sweep.json with --sweep), a table beside it and a
 step-time trace plot (named after it).
+
+--gpu: a ~100M-parameter GPT (n_embd 1024, 8 layers, batch 64 x 1024 tokens, bf16 autocast) on
+the CUDA device, factor blocks of 1024 (120 of them), and host workers that own most of the CPU
+cores; there host and device really run in parallel and the target is speed (issue #4). Writes
+refresh_gpu.json. Untuned: no GPU was lent to the session that wrote it. The batch is sized so
+that a refresh round (estimated 10-20 s of CPU, spread over the workers) fits in the 10 steps
+between refreshes; if the table shows refresh waits or staleness at the bound, the workers cannot
+keep up (background load > 1): give them more cores, or a larger batch or refresh interval.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -42,6 +52,27 @@ from asteria_core.train.trainer import Trainer
 INTERVAL = 10  # steps between refreshes, and the length of one round-robin turn
 MODEL = ["--model.n_embd", "256", "--model.n_head", "4", "--model.n_layer", "4",
          "--data.batch_size", "16", "--policy.refresh_interval", str(INTERVAL)]
+GPU_MODEL = ["--model.n_embd", "1024", "--model.n_head", "16", "--model.n_layer", "8",
+             "--model.block_size", "1024", "--data.batch_size", "64",
+             "--policy.refresh_interval", str(INTERVAL), "--train.device", "cuda",
+             "--optim.precond_block_size", "1024"]
+
+
+def gpu_configs() -> list[tuple[str, list[str]]]:
+    """On one CUDA device: the training thread keeps 2 CPU threads, the workers get the rest."""
+    soap, kl = ["--optim.name", "soap", "--optim.lr", "3e-3"], \
+        ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
+    native = ["--policy.workers", "0", "--policy.swap_delay", "0", "--train.threads", "2"]
+    cores = os.cpu_count() or 4
+    workers = max(1, (cores - 2) // 2)
+    asteria = ["--policy.workers", str(workers), "--policy.worker_threads", "2",
+               "--policy.staleness_bound", str(INTERVAL), "--policy.swap_delay", "auto",
+               "--train.threads", "2"]
+    return [("AdamW", ["--optim.name", "adamw", "--optim.lr", "3e-3", "--train.threads", "2"]),
+            ("native SOAP", soap + native),
+            (f"Asteria-SOAP ({workers} host workers x 2 thr)", soap + asteria),
+            ("native KL-Shampoo", kl + native),
+            (f"Asteria-KL-Shampoo ({workers} host workers x 2 thr)", kl + asteria)]
 
 
 def configs(sweep: bool) -> list[tuple[str, list[str]]]:
@@ -104,8 +135,9 @@ class Contender:
             self.charge = engine.wait_released()
 
 
-def build(label: str, args: list[str], steps: int, out_dir: Path) -> Contender:
-    config = resolve_config(None, [*MODEL, "--train.steps", str(steps), "--train.out_dir",
+def build(label: str, args: list[str], steps: int, out_dir: Path, model: list[str]
+          ) -> Contender:
+    config = resolve_config(None, [*model, "--train.steps", str(steps), "--train.out_dir",
                                    str(out_dir), *args])
     threads = config.train.threads or 2
     torch.set_num_threads(threads)
@@ -136,8 +168,9 @@ def summary(c: Contender) -> dict:
     }
 
 
-def round_robin(chosen: list[tuple[str, list[str]]], steps: int, out_dir: str) -> list[dict]:
-    contenders = [build(label, args, steps, Path(out_dir) / f"config{i}")
+def round_robin(chosen: list[tuple[str, list[str]]], steps: int, out_dir: str,
+                model: list[str] = MODEL) -> list[dict]:
+    contenders = [build(label, args, steps, Path(out_dir) / f"config{i}", model)
                   for i, (label, args) in enumerate(chosen)]
     turns = -(-steps // INTERVAL)
     for k in range(turns):
@@ -198,16 +231,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--sweep", action="store_true",
                         help="the staleness sweep S in {1, 2, 3, 5, 10} beside native SOAP")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the ~100M-parameter model on one CUDA device")
     parser.add_argument("--only", help="run only configurations whose label contains this")
-    parser.add_argument("--out", help="results file (default benchmarks/results/refresh.json, "
-                                      "refresh_sweep.json with --sweep)")
+    parser.add_argument("--out", help="results file (default benchmarks/results/refresh.json; "
+                                      "refresh_sweep.json with --sweep, refresh_gpu.json "
+                                      "with --gpu)")
     args = parser.parse_args()
-    chosen = [(label, extra) for label, extra in configs(args.sweep)
+    if args.gpu and not torch.cuda.is_available():
+        parser.error("--gpu: no CUDA device is available")
+    chosen = [(label, extra) for label, extra in (gpu_configs() if args.gpu
+                                                  else configs(args.sweep))
               if not args.only or args.only in label]
     with tempfile.TemporaryDirectory() as tmp:
-        results = round_robin(chosen, args.steps, tmp)
-    out = Path(args.out or ("benchmarks/results/refresh_sweep.json" if args.sweep
-                            else "benchmarks/results/refresh.json"))
+        results = round_robin(chosen, args.steps, tmp, GPU_MODEL if args.gpu else MODEL)
+    default = "refresh_gpu" if args.gpu else "refresh_sweep" if args.sweep else "refresh"
+    out = Path(args.out or f"benchmarks/results/{default}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"steps": args.steps, "results": results}, indent=2))
     plot(results, out.with_name(out.stem + "_steps.png"))

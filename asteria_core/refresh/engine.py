@@ -6,11 +6,14 @@ At each step boundary (after the optimizer update of step t) the engine
    opportunistic mode as soon as it is ready. Either way it waits when the next step would
    otherwise use a basis more than S steps behind a refresh that fell due (the bound);
 2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
-   stale first, then most expensive (d = 0 swaps them at this same boundary). With `pace` on,
-   a round's jobs are released to the workers over the next W = min(d, S, refresh interval)
-   boundaries, an equal share of the round's cost at each, so every step carries the same
-   background load instead of one step taking the whole burst; a job still held when its swap
-   comes is released at once. Pacing moves work in time only: results and swap steps are the same;
+   stale first, then most expensive (d = 0 swaps them at this same boundary). A snapshot copies
+   nothing (the optimizer lends its tensors and writes new ones from then on); on CUDA it is
+   copied to pinned host memory on a side stream that the workers wait for (refresh/host.py).
+   With `pace` on, a round's jobs are released to the workers over the next
+   W = min(d, S, refresh interval) boundaries, an equal share of the round's cost at each, so
+   every step carries the same background load instead of one step taking the whole burst; a job
+   still held when its swap comes is released at once. Pacing moves work in time only: results
+   and swap steps are the same;
 3. reports staleness, queue depth, background load, failures and waits.
 
 Staleness of a block, as seen by step u, is u - s when a refresh from step s is outstanding
@@ -35,6 +38,7 @@ from functools import partial
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, refresh_fn
 from asteria_core.policy import LivePolicy, Policy
+from asteria_core.refresh.host import host_copies_for
 from asteria_core.refresh.workers import Job, RefreshFn, make_pool
 from asteria_core.telemetry.reporter import NullReporter, Reporter
 
@@ -66,10 +70,16 @@ class RefreshEngine:
         self.opt = optimizer
         self.policy = policy
         self.reporter = reporter or NullReporter()
+        self._host = host_copies_for(optimizer)
+        """CUDA: copies snapshots to the host workers off the training stream (refresh/host)."""
         # Where a refresh runs (a worker, or inline when workers = 0), its result is checked
         # for NaN and inf there too: a non-finite result arrives as an error.
-        self.fn = partial(checked_refresh, fn)
-        self.fallback_fn = partial(checked_refresh, fallback_fn)
+        pin = self._host is not None
+        self.fn = partial(checked_refresh, fn, pin_memory=pin)
+        """Runs a refresh on a thread worker or inline (results pinned for the swap on CUDA)."""
+        self._process_fn = partial(checked_refresh, fn)
+        """Runs a refresh in a worker process, whose result is pickled back (nothing to pin)."""
+        self.fallback_fn = partial(checked_refresh, fallback_fn, pin_memory=pin)
         """Computes a refresh inline when its worker hung past the timeout."""
         optimizer.external_refresh = True
         self.blocks = {b.key: b for b in optimizer.refresh_blocks()}
@@ -103,7 +113,11 @@ class RefreshEngine:
         self._apply_policy(policy)
         t = self.opt.num_steps
         self._swap_due(t, policy)
-        started = [self._start(key, t, policy) for key in self.opt.due_blocks()]
+        snapshots = [self.opt.snapshot(key, lend=True) for key in self.opt.due_blocks()]
+        ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
+        if self._host is not None and self._pool is not None and snapshots:
+            snapshots, ready = self._host(snapshots)
+        started = [self._start(snapshot, t, policy, ready) for snapshot in snapshots]
         self._pace([item for item in started if item.job is not None], t, policy)
         self._release(t)
         self._swap_due(t, policy)  # d = 0: this boundary's own refreshes
@@ -116,9 +130,9 @@ class RefreshEngine:
         if spec == self._pool_spec:
             return
         old, self._pool_spec = self._pool, spec
+        fn = self._process_fn if policy.worker_kind == "process" else self.fn
         self._pool = None if policy.workers == 0 else make_pool(
-            policy.worker_kind, policy.workers, self.fn, policy.worker_threads,
-            policy.worker_nice)
+            policy.worker_kind, policy.workers, fn, policy.worker_threads, policy.worker_nice)
         if old is not None:
             # Running jobs finish on the old pool; queued ones move to the new one.
             for item in self._all_outstanding():
@@ -133,23 +147,23 @@ class RefreshEngine:
                 old.abandon(job)
                 if self._pool is None:  # now inline: compute it here
                     item.job = None
-                    self._run_inline(item, job.snapshot, job.config)
+                    self._run_inline(item, job)
                 else:
-                    item.job = Job(job.snapshot, job.config, job.priority)
+                    item.job = Job(job.snapshot, job.config, job.priority, ready=job.ready)
                     self._pool.submit(item.job)
             self._retired.append(old)
 
-    def _start(self, key: BlockKey, t: int, policy: Policy) -> Outstanding:
-        snapshot = self.opt.snapshot(key, lend=True)  # no copy at the boundary
-        config = self.opt.refresh_config(key)
+    def _start(self, snapshot, t: int, policy: Policy, ready) -> Outstanding:
+        key = snapshot.key
+        # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
+        tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
+            len(self.blocks) and list(self.blocks).index(key)
+        job = Job(snapshot, self.opt.refresh_config(key), priority=(t, tie), ready=ready)
         item = Outstanding(key, t, None)
         if self._pool is None:
-            self._run_inline(item, snapshot, config)
+            self._run_inline(item, job)
         else:
-            # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
-            tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
-                len(self.blocks) and list(self.blocks).index(key)
-            item.job = Job(snapshot, config, priority=(t, tie))
+            item.job = job
         self.outstanding[key].append(item)
         return item
 
@@ -177,11 +191,12 @@ class RefreshEngine:
         item.release_step = None
         self._pool.submit(item.job)
 
-    def _run_inline(self, item: Outstanding, snapshot, config, fn: RefreshFn | None = None
-                    ) -> None:
+    def _run_inline(self, item: Outstanding, job: Job, fn: RefreshFn | None = None) -> None:
         t0 = time.perf_counter()
         try:
-            item.result = (fn or self.fn)(snapshot, config)
+            if job.ready is not None:
+                job.ready.synchronize()  # its host copy
+            item.result = (fn or self.fn)(job.snapshot, job.config)
         except Exception as err:
             item.error = f"{type(err).__name__}: {err}"
         self._refresh_seconds[item.key] = time.perf_counter() - t0
@@ -219,7 +234,7 @@ class RefreshEngine:
                     self._abandon(job)
                     self.inline_fallbacks += 1
                     self.reporter.inline_fallback()
-                    self._run_inline(item, job.snapshot, job.config, self.fallback_fn)
+                    self._run_inline(item, job, self.fallback_fn)
             self.waited_seconds += time.perf_counter() - t0
             if not finished:
                 return

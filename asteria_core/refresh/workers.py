@@ -41,6 +41,8 @@ class Job:
     error: str | None = None
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    ready: Any = None
+    """CUDA: an event marking the snapshot's host copy complete; waited for before the run."""
 
     @property
     def seconds(self) -> float:
@@ -87,6 +89,8 @@ class _PriorityQueue:
 def _run_job(fn: RefreshFn, job: Job) -> None:
     job.started_at = time.perf_counter()
     try:
+        if job.ready is not None:
+            job.ready.synchronize()
         job.result = fn(job.snapshot, job.config)
     except Exception:  # any failure keeps the old basis; the engine counts it
         job.error = traceback.format_exc(limit=3)
@@ -244,6 +248,8 @@ class ProcessWorkers:
                 proc.job = job
                 self._jobs[job_id] = (job, proc)
                 job.started_at = time.perf_counter()
+            if job.ready is not None:
+                job.ready.synchronize()
             proc.inbox.put((job_id, _private(job.snapshot), job.config))
 
     def _collect(self) -> None:
