@@ -7,8 +7,9 @@ the refresh must run on the host, beside the device, not as kernels on the devic
   stream that first waits for the step's work (the statistics are final), and records one event
   the workers wait on. The training stream never waits: the lent tensors are not written again
   (copy on write), and `record_stream` keeps their memory from being reused before the copy ran.
-- `checked_refresh(..., pin_memory=True)` leaves the result in pinned memory, so the swap's
-  copies back to the device are asynchronous too.
+- `checked_refresh(..., pin_memory=True)` leaves a thread worker's result in pinned memory, so
+  the swap's copies back to the device are asynchronous too (a worker process's result comes
+  back through a pipe, unpinned, and its swap copy blocks the host briefly).
 
 Not measured on a GPU yet (no device was lent to the session that wrote it); see issue #4.
 """
