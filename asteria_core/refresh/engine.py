@@ -192,10 +192,10 @@ class RefreshEngine:
         self._pool.submit(item.job)
 
     def _run_inline(self, item: Outstanding, job: Job, fn: RefreshFn | None = None) -> None:
+        if job.ready is not None:
+            job.ready.synchronize()  # its host copy
         t0 = time.perf_counter()
         try:
-            if job.ready is not None:
-                job.ready.synchronize()  # its host copy
             item.result = (fn or self.fn)(job.snapshot, job.config)
         except Exception as err:
             item.error = f"{type(err).__name__}: {err}"

@@ -3,13 +3,17 @@
 On a CPU run a snapshot is lent as it is (no copy at all) and this module does nothing. On CUDA
 the refresh must run on the host, beside the device, not as kernels on the device's stream, so:
 
-- `HostCopies` copies a boundary's lent snapshots into pinned host memory on a low-priority side
-  stream that first waits for the step's work (the statistics are final), and records one event
-  the workers wait on. The training stream never waits: the lent tensors are not written again
-  (copy on write), and `record_stream` keeps their memory from being reused before the copy ran.
+- `HostCopies` copies a boundary's lent snapshots into pinned host memory on a side stream that
+  first waits for the step's work (the statistics are final), and records one event the workers
+  wait on (a blocking event: a waiting worker sleeps instead of spinning on a core). The training
+  stream never waits: the lent tensors are not written again (copy on write), and
+  `record_stream` keeps their memory from being reused before the copy ran.
 - `checked_refresh(..., pin_memory=True)` leaves a thread worker's result in pinned memory, so
   the swap's copies back to the device are asynchronous too (a worker process's result comes
-  back through a pipe, unpinned, and its swap copy blocks the host briefly).
+  back through a pipe, unpinned, and its swap copy may block the host until the device is idle).
+
+With d = 0 a refresh is swapped in at its own boundary, so the step waits for the copy, which
+waits for the device's queued work: on CUDA keep d >= 1 (the default, d = S, does).
 
 Not measured on a GPU yet (no device was lent to the session that wrote it); see issue #4.
 """
@@ -28,7 +32,8 @@ class HostCopies:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        # CUDA priorities: lower numbers run first; 0, the default, is the lowest.
+        # Priority 0, the lowest, is also the default (and CUDA does not prioritise copies):
+        # what keeps the training stream free is that it never waits for this one.
         self.stream = torch.cuda.Stream(device=device, priority=0)
 
     def __call__(self, snapshots: list[FactorSnapshot]
@@ -39,14 +44,15 @@ class HostCopies:
             copies = [dataclasses.replace(
                 s, factor=self._copy(s.factor),
                 basis=None if s.basis is None else self._copy(s.basis)) for s in snapshots]
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)
             done.record(self.stream)
         return copies, done
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)
-        t.record_stream(self.stream)  # the optimizer may drop t before the copy has run
+        if t.is_cuda:
+            t.record_stream(self.stream)  # the optimizer may drop t before the copy has run
         return host
 
 

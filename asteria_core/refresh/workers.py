@@ -87,10 +87,10 @@ class _PriorityQueue:
 
 
 def _run_job(fn: RefreshFn, job: Job) -> None:
-    job.started_at = time.perf_counter()
     try:
         if job.ready is not None:
-            job.ready.synchronize()
+            job.ready.synchronize()  # not counted in job.seconds: the device's time, not ours
+        job.started_at = time.perf_counter()
         job.result = fn(job.snapshot, job.config)
     except Exception:  # any failure keeps the old basis; the engine counts it
         job.error = traceback.format_exc(limit=3)
@@ -236,6 +236,8 @@ class ProcessWorkers:
 
     def _dispatch(self) -> None:
         while (job := self._queue.get()) is not None:
+            if job.ready is not None:
+                job.ready.synchronize()  # its host copy, before a process is taken for it
             with self._idle:
                 while not self._closing and all(p.job is not None for p in self._procs):
                     self._idle.wait()
@@ -248,8 +250,6 @@ class ProcessWorkers:
                 proc.job = job
                 self._jobs[job_id] = (job, proc)
                 job.started_at = time.perf_counter()
-            if job.ready is not None:
-                job.ready.synchronize()
             proc.inbox.put((job_id, _private(job.snapshot), job.config))
 
     def _collect(self) -> None:

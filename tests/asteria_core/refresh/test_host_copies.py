@@ -30,12 +30,20 @@ class Recording:
         self.seen: list[tuple] = []
 
     def __call__(self, snapshot, config):
+        basis = None if snapshot.basis is None else snapshot.basis.clone()
         self.seen.append((snapshot.stats_step, snapshot.key, snapshot.factor.device.type,
-                          snapshot.factor.is_pinned(), snapshot.factor.clone()))
+                          snapshot.factor.is_pinned(), snapshot.factor.clone(), basis))
         return refresh_fn(snapshot, config)
 
 
+SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU time: keeps work queued while the host moves on
+
+
 def test_cuda_snapshots_reach_the_workers_as_host_copies_of_their_step():
+    """The device is kept busy on purpose (torch.cuda._sleep): the step's factor update is still
+    queued when the boundary enqueues the copies (a copy that did not wait for it would read old
+    statistics), and the copies are still queued when the next step replaces and frees the lent
+    tensors (memory reused before the copy ran would corrupt it)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 6)).cuda()
     opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=3)
@@ -47,19 +55,25 @@ def test_cuda_snapshots_reach_the_workers_as_host_copies_of_their_step():
         for _ in range(12):
             x = torch.randn(32, 12, device="cuda")
             nn.functional.mse_loss(model(x), x[:, :6]).backward()
+            torch.cuda._sleep(SLEEP_CYCLES)
             opt.step()
             opt.zero_grad()
-            for key in opt.due_blocks():  # the statistics the refresh must see, read here
-                p = opt._locate(key)[0]
-                expected[opt.num_steps, key] = \
-                    opt.state[p][FACTORS][key.dim][key.chunk].cpu()
+            for key in opt.due_blocks():  # what the refresh must see: device clones, no sync
+                state = opt.state[opt._locate(key)[0]]
+                expected[opt.num_steps, key] = (state[FACTORS][key.dim][key.chunk].clone(),
+                                                state[BASES][key.dim][key.chunk].clone())
+            with torch.cuda.stream(engine._host.stream):
+                torch.cuda._sleep(SLEEP_CYCLES)
             engine.on_boundary(opt.num_steps)
     finally:
         engine.close()
+    torch.cuda.synchronize()
     assert len(record.seen) == len(expected) > 0
-    for step, key, device, pinned, factor in record.seen:
+    for step, key, device, pinned, factor, basis in record.seen:
         assert device == "cpu" and pinned
-        assert torch.equal(factor, expected[step, key])
+        want_factor, want_basis = expected[step, key]
+        assert torch.equal(factor, want_factor.cpu())
+        assert basis is not None and torch.equal(basis, want_basis.cpu())  # power_qr reads it
     assert engine.failures == 0
     for p in model.parameters():
         if p.dim() == 2:
