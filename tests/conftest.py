@@ -34,3 +34,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need a CUDA device, a hardware boundary that this machine and CI lack:
+    without one they are deselected (and the summary says so), with one they run."""
+    if torch.cuda.is_available():
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        config._asteria_gpu_deselected = len(gpu)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = getattr(config, "_asteria_gpu_deselected", 0)
+    if count:
+        terminalreporter.write_line(
+            f"NOT RUN: {count} GPU test(s) (no CUDA device here); on a GPU machine run "
+            "bash benchmarks/gpu_check.sh", yellow=True, bold=True)
+

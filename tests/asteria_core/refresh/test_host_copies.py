@@ -1,8 +1,8 @@
 """CUDA only: a refresh reaches the host workers as a pinned copy of its step's statistics, made
 off the training stream, and its result is swapped back in on the device.
 
-There is no GPU on the development machine or in CI, so these skip there (loudly, with the
-reason); `benchmarks/gpu_check.sh` runs them on a CUDA machine.
+There is no GPU on the development machine or in CI, so they are deselected there (the test
+summary says so); `benchmarks/gpu_check.sh` runs them on a CUDA machine.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ from asteria_core.optim.seam import refresh_fn
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="needs a CUDA device: snapshots are copied to the host only from one "
-           "(run benchmarks/gpu_check.sh on a GPU machine)")]
+pytestmark = pytest.mark.gpu  # deselected without a CUDA device (tests/conftest.py)
 
 
 class Recording:
