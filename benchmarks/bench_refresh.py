@@ -56,30 +56,27 @@ GPU_MODEL = ["--model.n_embd", "1024", "--model.n_head", "16", "--model.n_layer"
              "--model.block_size", "1024", "--data.batch_size", "64",
              "--policy.refresh_interval", str(INTERVAL), "--train.device", "cuda",
              "--optim.precond_block_size", "1024"]
+ADAMW = ["--optim.name", "adamw", "--optim.lr", "3e-3"]
+SOAP = ["--optim.name", "soap", "--optim.lr", "3e-3"]
+KL = ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
+NATIVE = ["--policy.workers", "0", "--policy.swap_delay", "0"]  # refresh inline at the step
 
 
 def gpu_configs() -> list[tuple[str, list[str]]]:
     """On one CUDA device: the training thread keeps 2 CPU threads, the workers get the rest."""
-    soap, kl = ["--optim.name", "soap", "--optim.lr", "3e-3"], \
-        ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
-    native = ["--policy.workers", "0", "--policy.swap_delay", "0", "--train.threads", "2"]
+    train = ["--train.threads", "2"]
     cores = os.cpu_count() or 4
     workers = max(1, (cores - 2) // 2)
     asteria = ["--policy.workers", str(workers), "--policy.worker_threads", "2",
-               "--policy.staleness_bound", str(INTERVAL), "--policy.swap_delay", "auto",
-               "--train.threads", "2"]
-    return [("AdamW", ["--optim.name", "adamw", "--optim.lr", "3e-3", "--train.threads", "2"]),
-            ("native SOAP", soap + native),
-            (f"Asteria-SOAP ({workers} host workers x 2 thr)", soap + asteria),
-            ("native KL-Shampoo", kl + native),
-            (f"Asteria-KL-Shampoo ({workers} host workers x 2 thr)", kl + asteria)]
+               "--policy.staleness_bound", str(INTERVAL), "--policy.swap_delay", "auto", *train]
+    return [("AdamW", ADAMW + train),
+            ("native SOAP", SOAP + NATIVE + train),
+            (f"Asteria-SOAP ({workers} host workers x 2 thr)", SOAP + asteria),
+            ("native KL-Shampoo", KL + NATIVE + train),
+            (f"Asteria-KL-Shampoo ({workers} host workers x 2 thr)", KL + asteria)]
 
 
 def configs(sweep: bool) -> list[tuple[str, list[str]]]:
-    soap, kl = ["--optim.name", "soap", "--optim.lr", "3e-3"], \
-        ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
-    native = ["--policy.workers", "0", "--policy.swap_delay", "0"]
-
     def asteria(bound: int, train_threads: int = 2, kind: str = "thread", pace: bool = True
                 ) -> list[str]:
         # d = S: a round's result is swapped in `bound` steps after its statistics, which
@@ -89,18 +86,18 @@ def configs(sweep: bool) -> list[tuple[str, list[str]]]:
                 "--policy.worker_kind", kind, "--policy.pace", str(pace).lower()]
 
     if sweep:
-        return [("native SOAP", soap + native)] + \
-            [(f"Asteria-SOAP S={s}", soap + asteria(s)) for s in (1, 2, 3, 5, 10)]
+        return [("native SOAP", SOAP + NATIVE)] + \
+            [(f"Asteria-SOAP S={s}", SOAP + asteria(s)) for s in (1, 2, 3, 5, 10)]
     return [
-        ("AdamW", ["--optim.name", "adamw", "--optim.lr", "3e-3"]),
-        ("native SOAP", soap + native),
-        ("Asteria-SOAP (train 2 thr + 1 worker thread, paced)", soap + asteria(10)),
-        ("Asteria-SOAP (train 2 thr + 1 worker thread, burst)", soap + asteria(10, pace=False)),
+        ("AdamW", ADAMW),
+        ("native SOAP", SOAP + NATIVE),
+        ("Asteria-SOAP (train 2 thr + 1 worker thread, paced)", SOAP + asteria(10)),
+        ("Asteria-SOAP (train 2 thr + 1 worker thread, burst)", SOAP + asteria(10, pace=False)),
         ("Asteria-SOAP (train 2 thr + 1 worker process, paced)",
-         soap + asteria(10, kind="process")),
-        ("Asteria-SOAP (train 1 thr + 1 worker thread, paced)", soap + asteria(10, 1)),
-        ("native KL-Shampoo", kl + native),
-        ("Asteria-KL-Shampoo (train 2 thr + 1 worker thread, paced)", kl + asteria(10)),
+         SOAP + asteria(10, kind="process")),
+        ("Asteria-SOAP (train 1 thr + 1 worker thread, paced)", SOAP + asteria(10, 1)),
+        ("native KL-Shampoo", KL + NATIVE),
+        ("Asteria-KL-Shampoo (train 2 thr + 1 worker thread, paced)", KL + asteria(10)),
     ]
 
 

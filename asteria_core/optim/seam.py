@@ -13,6 +13,7 @@ KL-Shampoo: eigenvector estimates in descending eigenvalue order; Shampoo: the i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -186,9 +187,8 @@ def checked_refresh(fn, snapshot: FactorSnapshot, config: RefreshConfig,
         def pin(t):
             return t if t is None or t.device.type != "cpu" else t.pin_memory()
 
-        result = RefreshResult(key=result.key, stats_step=result.stats_step,
-                               base_version=result.base_version, basis=pin(result.basis),
-                               perm=pin(result.perm), transport=pin(result.transport))
+        result = dataclasses.replace(result, basis=pin(result.basis), perm=pin(result.perm),
+                                     transport=pin(result.transport))
     return result
 
 
