@@ -139,6 +139,14 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise ValueError(f"refresh_delay: got {value!r}; allowed: an integer >= 0")
         self._refresh_delay = value
 
+    def set_refresh_interval(self, steps: int) -> None:
+        """Refresh every block every `steps` steps from now on (a runtime's live policy sets it;
+        the optimizer's own `precondition_frequency` option, in every parameter group)."""
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"refresh interval: got {steps!r}; allowed: an integer >= 1")
+        for group in self.param_groups:
+            group["precondition_frequency"] = steps
+
     @property
     def num_steps(self) -> int:
         """Calls of step() so far: the clock that stats steps and swap steps use."""

@@ -40,6 +40,7 @@ from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, re
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh.host import host_copies_for
 from asteria_core.refresh.workers import Job, RefreshFn, make_pool
+from asteria_core.telemetry.records import RefreshFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ class RefreshEngine:
         self._last_boundary: float | None = None
         self._step_seconds = 0.0
         self._mode = ""
-        self.last: dict[str, float | int | None] = {}
+        self.figures: RefreshFigures | None = None
+        """This boundary's figures, for the step record (set by every `on_boundary`)."""
         self._apply_policy(policy.current)
 
     # ------------------------------------------------------------------ the boundary
@@ -124,8 +126,7 @@ class RefreshEngine:
         self._report(t, policy)
 
     def _apply_policy(self, policy: Policy) -> None:
-        for group in self.opt.param_groups:
-            group["precondition_frequency"] = policy.refresh_interval
+        self.opt.set_refresh_interval(policy.refresh_interval)
         spec = (policy.workers, policy.worker_kind, policy.worker_threads, policy.worker_nice)
         if spec == self._pool_spec:
             return
@@ -290,12 +291,10 @@ class RefreshEngine:
         if mode != self._mode:
             self._mode = mode
             self.reporter.set_mode(mode)
-        self.last = {"staleness_max": max(stale, default=0),
-                     "staleness_bound": policy.staleness_bound,
-                     "refresh_queue_depth": depth,
-                     "background_load": load,
-                     "refresh_failures": self.failures,
-                     "inline_fallbacks": self.inline_fallbacks}
+        self.figures = RefreshFigures(
+            staleness_max=max(stale, default=0), staleness_bound=policy.staleness_bound,
+            queue_depth=depth, background_load=load, workers_busy_ratio=busy,
+            failures=self.failures, inline_fallbacks=self.inline_fallbacks)
 
     def _all_outstanding(self):
         for queue_ in self.outstanding.values():

@@ -1,7 +1,8 @@
-"""Telemetry: the Reporter interface, idle attribution, energy meters, Prometheus metrics.
+"""Telemetry: the Reporter interface, step records and phase timing, idle attribution, energy
+meters, Prometheus metrics.
 
-Importing this package (or `asteria_core.telemetry.reporter`, which the training loop uses)
-does not import prometheus_client: `Telemetry` and the exporter load on first use.
+Importing this package (or `asteria_core.telemetry.reporter`, which the runtime uses) does not
+import prometheus_client: `Telemetry` and the exporter load on first use.
 """
 
 from __future__ import annotations
@@ -9,6 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from asteria_core.telemetry.config import TelemetryConfig
+from asteria_core.telemetry.records import (
+    EnergyFigures,
+    RefreshFigures,
+    StepRecord,
+    TierFigures,
+    TimingFigures,
+)
 from asteria_core.telemetry.reporter import (
     IDLE_CAUSES,
     TIERS,
@@ -21,11 +30,11 @@ from asteria_core.telemetry.reporter import (
 _LAZY = {
     "Telemetry": "asteria_core.telemetry.core",
     "CONTENT_TYPE": "asteria_core.telemetry.core",
-    "StepHistory": "asteria_core.telemetry.history",
 }
 
-__all__ = ["CONTENT_TYPE", "IDLE_CAUSES", "TIERS", "WAIT_CAUSES", "NullReporter", "Reporter",
-           "RunReporter", "StepHistory", "Telemetry"]
+__all__ = ["CONTENT_TYPE", "IDLE_CAUSES", "TIERS", "WAIT_CAUSES", "EnergyFigures",
+           "NullReporter", "RefreshFigures", "Reporter", "RunReporter", "StepRecord",
+           "TelemetryConfig", "Telemetry", "TierFigures", "TimingFigures"]
 
 
 def __getattr__(name: str) -> Any:

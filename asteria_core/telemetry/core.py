@@ -1,16 +1,14 @@
-"""`Telemetry`: the real `Reporter`, the run's metrics, energy meters and step history.
+"""`Telemetry`: the real `Reporter`, the run's metrics and energy meters.
 
-    trainer = Trainer(config)           # builds Telemetry(config.telemetry) unless it is disabled
-    telemetry = trainer.telemetry       # or: Trainer(config, reporter=Telemetry(...)) to inject
+    runtime = asteria.optimizer(model, "soap").runtime  # builds Telemetry unless disabled
+    telemetry = runtime.telemetry                       # or Runtime(..., reporter=Telemetry(...))
     telemetry.serve("127.0.0.1", 9400)              # optional: /metrics on its own
     body, content_type = telemetry.exposition()     # or render it for the control plane
-    telemetry.history.records_since(step, limit)    # recent step records
-    telemetry.history.subscribe(callback)           # live step records
 
-At every step record (before any other record sink, so the JSONL file sees them) telemetry
-adds to `record.extra`: compute_seconds {phase}, idle_seconds {cause}, device_busy_ratio, the
-latest runtime gauges reported through the Reporter (staleness, queue, tiers, policy version)
-and energy_joules {source}.
+The runtime hands telemetry each step twice (docs/architecture.md, "One step"): at the step
+boundary `split_step` turns the phase spans and the waits reported during the step into the
+record's `timing` section, and when the record is complete (loss known) `observe` exports it
+and adds the `energy` section, before any listener sees the record.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.energy import (
     DeviceSnapshot,
     EnergyMonitor,
@@ -31,16 +30,13 @@ from asteria_core.telemetry.energy import (
     RaplMeter,
 )
 from asteria_core.telemetry.exporter import CONTENT_TYPE, MetricsExporter
-from asteria_core.telemetry.history import StepHistory
 from asteria_core.telemetry.idle import WaitLedger, breakdown
 from asteria_core.telemetry.nvml import NvmlMeter
+from asteria_core.telemetry.records import EnergyFigures, StepRecord, TimingFigures
 from asteria_core.telemetry.reporter import TIERS, WAIT_CAUSES, check_label
-from asteria_core.train.config import TelemetryConfig
-from asteria_core.train.records import StepRecord
 
 if TYPE_CHECKING:
-    from asteria_core.train.timing import PhaseTimer
-    from asteria_core.train.trainer import Trainer
+    from asteria_core.telemetry.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +67,6 @@ class Telemetry:
     def __init__(self, config: TelemetryConfig | None = None, *, nvml_lib: Any = None,
                  meters: Sequence[Meter] | None = None) -> None:
         self.config = config or TelemetryConfig()
-        self.history = StepHistory(self.config.history_size)
         self._exporter = MetricsExporter(self._device_snapshot)
         self._ledger = WaitLedger()
         self._timer: PhaseTimer | None = None
@@ -79,7 +74,6 @@ class Telemetry:
         self._busy: dict[str, float] = {}
         self._tokens = 0
         self._latest: dict[str, float] = {}
-        self._tier_bytes: dict[str, int] = {}
         self._losses: dict[str, float] = {}
         self._target: dict[str, float] = {}
         self._stop_server = None
@@ -90,15 +84,15 @@ class Telemetry:
         self.run_id, self._optimizer = "", ""
 
     # ----------------------------------------------------------------------- wiring
-    def attach(self, trainer: Trainer) -> None:
-        """Bind to a trainer: its step timer, its run identity and its record sinks."""
+    def bind(self, timer: PhaseTimer, *, device: torch.device, run_id: str,
+             optimizer: str) -> None:
+        """Bind to one run: its step timer (waits count in its phase in progress), its identity."""
         if self._timer is not None:
-            raise ValueError("this Telemetry is already attached to a trainer")
-        self._timer = trainer.timer
-        self._device = device_label(trainer.device)
-        self.run_id, self._optimizer = trainer.run_id, trainer.config.optim.name
+            raise ValueError("this Telemetry is already bound to a run")
+        self._timer = timer
+        self._device = device_label(device)
+        self.run_id, self._optimizer = run_id, optimizer
         self.set_mode("native")
-        trainer.record_sinks.insert(0, self._on_record)
 
     # ----------------------------------------------------------------------- Reporter
     @contextmanager
@@ -143,7 +137,6 @@ class Telemetry:
         check_label("tier", tier, TIERS)
         self._exporter.tier_bytes.labels(tier).set(used)
         self._exporter.tier_capacity.labels(tier).set(capacity)
-        self._tier_bytes[tier] = used
 
     def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
         check_label("src", src, TIERS)
@@ -166,33 +159,29 @@ class Telemetry:
         self._exporter.set_run_info(self.run_id, self._optimizer, mode)
 
     # ----------------------------------------------------------------------- per step
-    def _on_record(self, record: StepRecord) -> None:
-        compute, idle = breakdown(record.phase_seconds, record.step_seconds,
-                                  self._ledger.take_step())
-        wall = record.step_seconds
+    def split_step(self, phase_seconds: dict[str, float], wall: float) -> TimingFigures:
+        compute, idle = breakdown(phase_seconds, wall, self._ledger.take_step())
         busy = sum(compute.values()) / wall if wall > 0 else 0.0
-        self._busy[self._device] = busy
+        return TimingFigures(compute_seconds=compute, idle_seconds=idle, device_busy_ratio=busy)
+
+    def observe(self, record: StepRecord) -> None:
+        timing = record.timing
+        if timing is not None:
+            self._busy[self._device] = timing.device_busy_ratio
+            self._exporter.observe_step(tokens=record.tokens, wall=record.step_seconds,
+                                        compute=timing.compute_seconds, idle=timing.idle_seconds)
         self._tokens += record.tokens
-        self._exporter.observe_step(tokens=record.tokens, wall=wall, compute=compute,
-                                    idle=idle)
-        self._losses["train_loss"] = record.loss
+        if record.loss is not None:
+            self._losses["train_loss"] = record.loss
         if record.eval_loss is not None:
             self._losses["eval_loss"] = record.eval_loss
         self._exporter.add_idle(self._ledger.take_outside())
         self.energy.poll()
-        if record.eval_loss is not None:
-            self._check_target(record)
-        for key, value in self._latest.items():  # figures the trainer stamped itself win
-            record.extra.setdefault(key, value)
-        if self._tier_bytes:
-            record.extra["tier_bytes"] = dict(self._tier_bytes)
-        record.extra["compute_seconds"] = compute
-        record.extra["idle_seconds"] = idle
-        record.extra["device_busy_ratio"] = busy
         joules = self.energy.joules_by_source()
         if joules:
-            record.extra["energy_joules"] = joules
-        self.history.append(record)
+            record.energy = EnergyFigures(joules=joules)
+        if record.eval_loss is not None:
+            self._check_target(record)
 
     def _check_target(self, record: StepRecord) -> None:
         target = self.config.target_loss
@@ -200,7 +189,8 @@ class Telemetry:
             return
         self.energy.poll(force=True)
         self._target = self.energy.joules_by_source()
-        record.extra["energy_to_target_joules"] = dict(self._target)
+        if record.energy is not None:
+            record.energy.to_target_joules = dict(self._target)
         log.info("eval loss %.4f reached the target %.4f at step %d; energy so far: %s",
                  record.eval_loss, target, record.step,
                  ", ".join(f"{v:.1f} J ({k})" for k, v in self._target.items()) or "unmeasured")

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from asteria_core.telemetry.energy import DeviceSnapshot
 from asteria_core.telemetry.reporter import IDLE_CAUSES
-from asteria_core.train.timing import PHASES
+from asteria_core.telemetry.timing import PHASES
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 STEP_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)

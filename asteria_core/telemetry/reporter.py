@@ -1,6 +1,6 @@
 """The one interface through which the runtime reports figures.
 
-The training loop, the refresh engine, the tier store and distributed code receive a `Reporter`
+The runtime, the refresh engine, the tier store and distributed code receive a `Reporter`
 and call its methods; they never import prometheus_client. `Telemetry` (core.py) is the real
 implementation; `NullReporter` does nothing and is what a trainer gets when telemetry is off.
 Labels are bounded: a cause, a tier or a transfer endpoint outside the sets below is a
@@ -19,8 +19,11 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from asteria_core.train.config import TelemetryConfig
-    from asteria_core.train.trainer import Trainer
+    import torch
+
+    from asteria_core.telemetry.config import TelemetryConfig
+    from asteria_core.telemetry.records import StepRecord, TimingFigures
+    from asteria_core.telemetry.timing import PhaseTimer
 
 WAIT_CAUSES = ("refresh_wait", "transfer_wait", "sync_wait", "data_wait")
 """Causes a part may report; `other` (the unexplained rest of a step) is derived, never reported."""
@@ -86,9 +89,20 @@ class Reporter(Protocol):
 
 
 class RunReporter(Reporter, Protocol):
-    """A reporter the trainer binds itself to (its step timer, run id and record sinks)."""
+    """A reporter the runtime binds to one run: it splits each step's time and sees its record."""
 
-    def attach(self, trainer: Trainer) -> None: ...
+    def bind(self, timer: PhaseTimer, *, device: torch.device, run_id: str,
+             optimizer: str) -> None:
+        """The run's step timer (waits are attributed to its phase in progress) and identity."""
+        ...
+
+    def split_step(self, phase_seconds: dict[str, float], wall: float) -> TimingFigures | None:
+        """At the step boundary: the finished step's compute per phase and idle per cause."""
+        ...
+
+    def observe(self, record: StepRecord) -> None:
+        """A finished step's record, before any listener sees it (telemetry adds `energy`)."""
+        ...
 
     def close(self) -> None:
         """The run is over: release meters and servers (idempotent)."""
@@ -99,7 +113,7 @@ def make_reporter(config: TelemetryConfig) -> RunReporter:
     """`Telemetry` when the config enables it, else a `NullReporter`."""
     if not config.enabled:
         return NullReporter()
-    # Imported here so that importing the training loop never loads prometheus_client.
+    # Imported here so that importing the runtime never loads prometheus_client.
     from asteria_core.telemetry.core import Telemetry
 
     return Telemetry(config)
@@ -147,7 +161,14 @@ class NullReporter:
     def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
         pass
 
-    def attach(self, trainer: Trainer) -> None:
+    def bind(self, timer: PhaseTimer, *, device: torch.device, run_id: str,
+             optimizer: str) -> None:
+        pass
+
+    def split_step(self, phase_seconds: dict[str, float], wall: float) -> TimingFigures | None:
+        return None
+
+    def observe(self, record: StepRecord) -> None:
         pass
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy, PolicyError
+from asteria_core.telemetry.records import TierFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
 from asteria_core.tiers.disk import DiskTier, TierFileError, aligned_buffer, check_writable
 from asteria_core.tiers.lifecycle import (
@@ -106,13 +107,14 @@ class TierStore:
             if why is not None:
                 raise PolicyError("disk_dir", why)
 
-    def on_boundary(self, step: int) -> None:
-        """After the policy's pending changes were applied: migrate if tier fields changed."""
+    def on_boundary(self, step: int) -> TierFigures:
+        """After the policy's pending changes were applied: migrate if tier fields changed.
+        Returns this boundary's figures for the step record."""
         self._raise_errors()
         policy = self.live.current
         if any(getattr(policy, f) != getattr(self._policy, f) for f in TIER_FIELDS):
             self.migrate(policy)
-        self.report()
+        return self.report()
 
     def migrate(self, policy: Policy) -> None:
         """Re-plan under `policy` and move every entry whose home changed (synchronous)."""
@@ -425,20 +427,28 @@ class TierStore:
         total = self.hits + self.misses
         return self.hits / total if total else None
 
-    def report(self) -> None:
+    def figures(self) -> TierFigures:
+        """Bytes and budget per tier (the host tier counts the disk tier's staging buffers)."""
         used = self.tier_bytes()
         policy = self._policy
         total = sum(e.nbytes for e in self.entries)
         staging = self.plan.slots * self.plan.slot_bytes
-        self.reporter.set_tier_bytes("device", used["device"],
-                                     policy.device_budget_bytes or total)
-        self.reporter.set_tier_bytes("host", used["host"] + staging,
-                                     policy.host_budget_bytes or total + staging)
+        held = {"device": used["device"], "host": used["host"] + staging}
+        capacity = {"device": policy.device_budget_bytes or total,
+                    "host": policy.host_budget_bytes or total + staging}
         if self.plan.slots:
-            self.reporter.set_tier_bytes("disk", used["disk"], total)
-        ratio = self.hit_ratio()
-        if ratio is not None:
-            self.reporter.set_prefetch_hit_ratio(ratio)
+            held["disk"], capacity["disk"] = used["disk"], total
+        return TierFigures(bytes=held, capacity_bytes=capacity,
+                           prefetch_hit_ratio=self.hit_ratio())
+
+    def report(self) -> TierFigures:
+        """Report this boundary's figures through the reporter; returns them for the record."""
+        figures = self.figures()
+        for tier, used in figures.bytes.items():
+            self.reporter.set_tier_bytes(tier, used, figures.capacity_bytes[tier])
+        if figures.prefetch_hit_ratio is not None:
+            self.reporter.set_prefetch_hit_ratio(figures.prefetch_hit_ratio)
+        return figures
 
     def close(self) -> None:
         """Finish pending writes and stop the I/O threads (idempotent)."""

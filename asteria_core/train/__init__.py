@@ -9,7 +9,6 @@ from asteria_core.train.config import (
     TrainConfig,
 )
 from asteria_core.train.model import GPT
-from asteria_core.train.records import StepRecord
 from asteria_core.train.trainer import Trainer, TrainResult
 
 __all__ = [
@@ -19,7 +18,6 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
-    "StepRecord",
     "TrainConfig",
     "TrainResult",
     "Trainer",

@@ -1,9 +1,10 @@
-"""The training loop: `Trainer.train()` owns the schedule, `train_step()` owns one step.
+"""The built-in GPT trainer: a user of the public runtime API, like any other loop.
 
-A step runs in named phases (data, forward, backward, optimizer, boundary), each timed by
-`PhaseTimer`, and ends in a `StepRecord` handed to every registered record sink. The step
-boundary is where the rest of the runtime plugs in: `boundary_hooks` run there, once per step,
-after the optimizer update and before the record is emitted.
+The trainer owns the model, the data, the learning-rate schedule, evaluation and checkpoints;
+everything Asteria adds (refresh engine, tier store, telemetry, live policy, the step boundary)
+is the `Runtime` attached to its optimizer, exactly as `asteria.optimizer()` attaches one to a
+user's. `train_step()` marks the phases (data, forward, backward, optimizer) and logs the
+step's figures; the boundary runs inside `optimizer.step()`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import dataclasses
 import logging
 import os
 import random
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy
-from asteria_core.refresh import RefreshEngine
-from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
-from asteria_core.tiers import TierFileError, TierStore
+from asteria_core.runtime.runtime import Runtime, new_run_id
+from asteria_core.telemetry.records import StepRecord
+from asteria_core.telemetry.reporter import RunReporter
+from asteria_core.tiers import TierFileError
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.config import RunConfig, parse_cpu_list
 from asteria_core.train.config_io import config_from_dict, config_to_dict
@@ -37,15 +36,11 @@ from asteria_core.train.data import (
     split_tokens,
 )
 from asteria_core.train.model import GPT
-from asteria_core.train.optimizers import build_optimizer
-from asteria_core.train.records import JsonlWriter, StepRecord
+from asteria_core.train.optimizers import optimizer_from_config
 from asteria_core.train.schedule import build_scheduler
-from asteria_core.train.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 
-RecordSink = Callable[[StepRecord], None]
-BoundaryHook = Callable[[int], None]
 CheckpointSink = Callable[[int, Path], None]
 
 
@@ -85,7 +80,7 @@ class Trainer:
             config = dataclasses.replace(config, model=config_from_dict(resume["config"]).model)
             run_id = run_id or resume["run_id"]
         self.config = config
-        self.run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.run_id = run_id or new_run_id()
         self.run_dir = Path(config.train.out_dir).expanduser() / self.run_id
         self.device = resolve_device(config.train.device)
         if config.train.cpus:  # before any thread is started, so they inherit the CPUs
@@ -106,39 +101,23 @@ class Trainer:
             policy = LivePolicy(Policy(**resume["policy"]["current"]),
                                 version=resume["policy"]["version"], start_step=resume["step"])
         self.policy = policy or LivePolicy(config.policy)
-        self.optimizer = build_optimizer(config.optim, self.model, self.policy.current)
+        self.optimizer = optimizer_from_config(config.optim, self.model, self.policy.current)
         self.scheduler = build_scheduler(self.optimizer, config.optim.warmup_steps,
                                          config.train.steps, config.optim.min_lr_ratio)
-        self.timer = PhaseTimer(self.device)
-        self.step = 0
-        self.record_sinks: list[RecordSink] = []
-        self.boundary_hooks: list[BoundaryHook] = []
-        # Parts that wait or report (refresh, tiers, distributed) get `self.reporter`;
-        # `self.telemetry` is the same object when it exports metrics, None when telemetry is off.
-        self.reporter: RunReporter = (reporter if reporter is not None
-                                      else make_reporter(config.telemetry))
-        self.telemetry = None if isinstance(self.reporter, NullReporter) else self.reporter
-        self.reporter.attach(self)
-        self.reporter.set_policy_version(self.policy.version)
-        # Second-order optimizers refresh off the critical path, steered by the live policy.
-        self.refresh: RefreshEngine | None = None
-        if isinstance(self.optimizer, BlockPreconditioner):
-            self.refresh = RefreshEngine(self.optimizer, self.policy, self.reporter)
-        # Their state has a home tier under the policy's budgets, prefetched as forward starts.
-        self.tiers: TierStore | None = None
-        if isinstance(self.optimizer, BlockPreconditioner):
-            self.tiers = TierStore(self.optimizer, self.policy, self.run_dir, self.reporter)
-            self.model.register_forward_pre_hook(lambda module, args: self.tiers.announce())
-        # Run between steps, outside any step's timing: commands such as pause or checkpoint.
-        self.between_steps_hooks: list[BoundaryHook] = []
+        self.runtime = Runtime(
+            self.optimizer, model=self.model, policy=self.policy, telemetry=config.telemetry,
+            reporter=reporter, run_id=self.run_id, run_dir=self.run_dir,
+            records=self.run_dir / "steps.jsonl" if jsonl else None,
+            optimizer_name=config.optim.name)
+        self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []
-        self._stop_requested = False
-        self._jsonl = JsonlWriter(self.run_dir / "steps.jsonl") if jsonl else None
-        if self._jsonl is not None:
-            self.record_sinks.append(self._jsonl)
         self.model_params = self.model.num_params()
         if resume is not None:
             self._restore(resume)
+
+    @property
+    def step(self) -> int:
+        return self.runtime.step
 
     # ----------------------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict:
@@ -152,13 +131,12 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "data": self.loader.state_dict(),
             "rng": ckpt.rng_state(),
-            "policy": {"current": self.policy.current.to_dict(), "version": self.policy.version},
+            "policy": self.runtime.state_dict()["policy"],
         }
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
         path = path or self.run_dir / ckpt.CHECKPOINT_NAME
-        if self.refresh is not None:
-            self.refresh.settle()  # outstanding refreshes go into the optimizer's state
+        self.runtime.settle()  # outstanding refreshes go into the optimizer's state
         ckpt.save_atomic(self.checkpoint_state(), path)
         for sink in self.checkpoint_sinks:
             sink(self.step, path)
@@ -170,23 +148,16 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng"])
-        self.step = int(state["step"])
+        self.runtime.step = int(state["step"])
 
     def close(self) -> None:
-        """Release files and meters held by the run; the trainer can not train after this."""
-        if self.refresh is not None:
-            self.refresh.close()
-        if self.tiers is not None:
-            self.tiers.close()
-        self.reporter.close()
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        """Release workers, files and meters held by the run; the trainer can not train after."""
+        self.runtime.close()
 
     # ----------------------------------------------------------------------------- the loop
     def request_stop(self) -> None:
         """Ask the loop to stop at the next step boundary (thread-safe: a flag)."""
-        self._stop_requested = True
+        self.runtime.request_stop()
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -205,45 +176,25 @@ class Trainer:
                               enabled=enabled)
 
     def train_step(self) -> StepRecord:
-        timer, cfg = self.timer, self.config
-        timer.start_step()
-        lr = self.scheduler.get_last_lr()[0]
-        with timer.phase("data"):
-            with self.reporter.wait("data_wait"):
+        """One step; its record stays open for the evaluation until `runtime.end_step()`."""
+        rt, cfg = self.runtime, self.config
+        with rt.phase("data"):
+            with rt.wait("data_wait"):
                 x, y = self.loader.next_batch()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        with timer.phase("forward"), self._autocast():
+        with rt.phase("forward"), self._autocast():
             _, loss = self.model(x, y)
-        with timer.phase("backward"):
+        with rt.phase("backward"):
             loss.backward()
-        with timer.phase("optimizer"):
-            grad_norm = None
+        with rt.phase("optimizer"):
             if cfg.optim.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                           cfg.optim.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-        self.step += 1
-        with timer.phase("boundary"):
-            version_in_step = self.policy.version
-            if self.policy.apply_pending(self.step):
-                self.reporter.set_policy_version(self.policy.version)
-            if self.tiers is not None:
-                self.tiers.on_boundary(self.step)  # migrates after a budget change
-            if self.refresh is not None:
-                self.refresh.on_boundary(self.step)
-            for hook in self.boundary_hooks:
-                hook(self.step)
-        phases, wall = timer.finish()
-        extra = {"policy_version": version_in_step}
-        if self.refresh is not None:
-            extra.update(self.refresh.last)
-        return StepRecord(
-            step=self.step, time=time.time(), loss=loss.item(),  # sync point: per-step record
-            lr=lr, tokens=x.numel(), step_seconds=wall, phase_seconds=phases,
-            grad_norm=None if grad_norm is None else grad_norm.item(), extra=extra,
-        )
+                rt.log(grad_norm=torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                                cfg.optim.grad_clip))
+            rt.log(loss=loss, tokens=x.numel())
+            self.optimizer.step()  # the step boundary runs inside
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return rt.last_record
 
     def _due_eval(self) -> bool:
         return self.step % self.config.train.eval_interval == 0 or \
@@ -257,18 +208,14 @@ class Trainer:
         bar = _progress_bar(self.step, cfg.steps, enabled=progress)
         state_ok = True
         try:
-            while self.step < last:
-                for hook in self.between_steps_hooks:
-                    hook(self.step)
-                if self._stop_requested:
-                    break
-                record = self.train_step()
+            while self.step < last and not self.runtime.stop_requested:
+                self.train_step()
                 if self._due_eval():
-                    record.eval_loss = self.evaluate()
-                    result.eval_losses[record.step] = record.eval_loss
+                    eval_loss = self.evaluate()
+                    self.runtime.log(eval_loss=eval_loss)
+                    result.eval_losses[self.step] = eval_loss
+                record = self.runtime.end_step()  # telemetry, listeners, between-steps hooks
                 result.train_losses.append(record.loss)
-                for sink in self.record_sinks:
-                    sink(record)
                 if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
                     self.save_checkpoint()
                 _update_bar(bar, record, cfg.log_interval)

@@ -1,0 +1,86 @@
+"""Name -> optimizer: the one dispatch point for the optimizer axis, and `optimizer()`, the
+public way in.
+
+    opt = asteria.optimizer(model, "soap", lr=3e-3, policy=asteria.Policy(staleness_bound=5))
+
+`build_optimizer` makes the bare torch optimizer; `optimizer` also attaches a `Runtime` to it
+(`opt.runtime`), which runs the step boundary inside every `opt.step()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asteria_core.optim import SOAP, KLShampoo, Shampoo
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.runtime.runtime import Runtime
+from asteria_core.telemetry.config import TelemetryConfig
+from asteria_core.telemetry.reporter import RunReporter
+
+OPTIMIZERS = ("adamw", "soap", "shampoo", "kl_shampoo")
+"""The optimizers the runtime knows by name; AdamW is the first-order baseline."""
+SECOND_ORDER_OPTIONS = ("shampoo_beta", "refresh", "moment_swap", "max_precond_dim",
+                        "block_size", "refresh_dtype", "normalize_grads")
+
+
+def build_optimizer(name: str, params: Iterable, *, lr: float = 3e-3,
+                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                    refresh_interval: int = 10, **options: Any) -> torch.optim.Optimizer:
+    """The torch optimizer `name` over `params` (tensors or parameter groups). `betas` and `eps`
+    mean the same for every name (for Shampoo: its momentum and its grafting AdamW's second
+    moment and eps); second-order options (`block_size`, `max_precond_dim`, `shampoo_beta`,
+    `refresh`, `moment_swap`, ...) go to the optimizer's own constructor."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer: got {name!r}; allowed: {' | '.join(OPTIMIZERS)}")
+    params = list(params)
+    if name == "adamw":
+        unknown = sorted(set(options) & set(SECOND_ORDER_OPTIONS))
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not an AdamW option; allowed with adamw: "
+                             "lr, betas, eps, weight_decay")
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, **options)
+    if name == "shampoo":
+        return Shampoo(params, lr=lr, betas=(betas[0], 1.0), grafting_beta2=betas[1],
+                       grafting_eps=eps, precondition_frequency=refresh_interval, **options)
+    cls = SOAP if name == "soap" else KLShampoo
+    return cls(params, lr=lr, betas=betas, eps=eps, precondition_frequency=refresh_interval,
+               **options)
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Matrices (dim >= 2) decay; gains and biases do not (nanoGPT's rule)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: float = 3e-3,
+              policy: Policy | LivePolicy | None = None, weight_decay: float = 0.0,
+              telemetry: TelemetryConfig | None = None, reporter: RunReporter | None = None,
+              run_id: str | None = None, run_dir: str | Path | None = None,
+              records: str | Path | None = None, **options: Any) -> torch.optim.Optimizer:
+    """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
+
+    `model` is the module being trained (its forward tells the runtime when a step starts, its
+    phases and its tokens, and the tier store what to prefetch), or an iterable of parameters or
+    groups (then mark phases with `opt.runtime.phase(...)`). The refresh interval comes from the
+    policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
+    class's own default) applies to matrices only when a module is given. See `Runtime` for
+    `telemetry`, `reporter`, `run_id`, `run_dir` and `records`.
+    """
+    live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
+    is_module = isinstance(model, torch.nn.Module)
+    if is_module:
+        params = decay_groups(model, weight_decay)
+    else:  # the groups' own weight_decay, where given, wins over this default
+        params, options["weight_decay"] = model, weight_decay
+    opt = build_optimizer(name, params, lr=lr, refresh_interval=live.current.refresh_interval,
+                          **options)
+    Runtime(opt, model=model if is_module else None, policy=live, telemetry=telemetry,
+            reporter=reporter, run_id=run_id, run_dir=run_dir, records=records,
+            optimizer_name=name)
+    return opt

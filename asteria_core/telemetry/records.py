@@ -1,0 +1,121 @@
+"""The step record: every figure of one step, in one typed section per component.
+
+The runtime builds a record at each step boundary: the loop's figures (loss, lr, tokens, phase
+spans) at the top level, and one section per part of the runtime that has figures of its own:
+`timing` (telemetry's idle attribution), `refresh` (the refresh engine), `tiers` (the tier
+store) and `energy` (the meters). A section is None when its part is absent (an AdamW run has no
+`refresh`, a run without telemetry no `timing`), so "not reported" is never written as zeros.
+Each figure has one name, used by the JSON, the dashboard and docs/metrics.md alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(slots=True)
+class TimingFigures:
+    """Telemetry's split of the step's wall time: compute per phase plus idle per cause."""
+
+    compute_seconds: dict[str, float]
+    """Seconds of compute per phase: the phase's span minus the waits inside it."""
+    idle_seconds: dict[str, float]
+    """Seconds waited per cause (refresh_wait, transfer_wait, sync_wait, data_wait, other)."""
+    device_busy_ratio: float
+    """Compute share of the step's wall time."""
+
+
+@dataclass(slots=True)
+class RefreshFigures:
+    """The refresh engine's figures after this step's boundary."""
+
+    staleness_max: int
+    """Largest staleness over preconditioner blocks, as the next step sees them (steps)."""
+    staleness_bound: int
+    """S in force at this boundary (steps)."""
+    queue_depth: int
+    """Refreshes queued or running on the workers."""
+    background_load: float | None
+    """Refresh work per interval over worker capacity (None inline or before any refresh)."""
+    workers_busy_ratio: float | None
+    """Share of worker time spent refreshing (None when refreshes run inline)."""
+    failures: int
+    """Refreshes that failed so far (the previous basis was kept)."""
+    inline_fallbacks: int
+    """Refreshes meant for a worker that ran on the training thread so far."""
+
+
+@dataclass(slots=True)
+class TierFigures:
+    """The tier store's figures after this step's boundary."""
+
+    bytes: dict[str, int]
+    """Optimizer-state bytes held per tier (device, host, disk)."""
+    capacity_bytes: dict[str, int]
+    """Byte budget per tier."""
+    prefetch_hit_ratio: float | None
+    """Share of off-device state uses whose prefetch was done in time (None: no such use)."""
+
+
+@dataclass(slots=True)
+class EnergyFigures:
+    """Energy since telemetry started, per source (nvml, rapl measured; model an estimate)."""
+
+    joules: dict[str, float]
+    to_target_joules: dict[str, float] | None = None
+    """Set on the step whose eval loss first reached the configured target."""
+
+
+@dataclass(slots=True)
+class StepRecord:
+    step: int
+    """1-based index of the optimizer step this record describes."""
+    time: float
+    """Unix time at the end of the step."""
+    loss: float | None
+    """Training loss of this step's batch (None when the loop did not report one)."""
+    lr: float
+    """Learning rate used by this step (of the first parameter group)."""
+    tokens: int
+    """Tokens processed by this step."""
+    step_seconds: float
+    """Wall time of the step, host side."""
+    phase_seconds: dict[str, float]
+    """Seconds per phase span (data, forward, backward, optimizer, boundary)."""
+    policy_version: int = 1
+    """Version of the live policy this step trained under."""
+    eval_loss: float | None = None
+    """Validation loss, on steps where one was computed."""
+    grad_norm: float | None = None
+    """Global gradient norm before clipping, when the loop reported one."""
+    timing: TimingFigures | None = None
+    refresh: RefreshFigures | None = None
+    tiers: TierFigures | None = None
+    energy: EnergyFigures | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Figures a user's loop logged itself (`runtime.log(name=value)`), by its own names."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.step_seconds if self.step_seconds > 0 else 0.0
+
+
+class JsonlWriter:
+    """Appends step records to a file, one JSON object per line, flushed per write."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", encoding="utf-8")
+
+    def __call__(self, record: StepRecord) -> None:
+        self._file.write(json.dumps(record.to_dict()) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,40 @@
+"""Validation helpers for config dataclasses: each raises `ConfigError` naming the key.
+
+Shared by every part that has a config (the trainer's sections, telemetry), so a bad value
+reads the same wherever it was written: "key: got X; allowed: ...".
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class ConfigError(ValueError):
+    """A config value a user wrote is wrong; the message names the key and what is allowed."""
+
+
+def check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}; allowed: {allowed}")
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(key: str, value: int) -> None:
+    check(is_int(value) and value > 0, key, value, "an integer > 0")
+
+
+def non_negative_int(key: str, value: int) -> None:
+    check(is_int(value) and value >= 0, key, value, "an integer >= 0")
+
+
+def finite_in(key: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
+    check(ok, key, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+
+
+def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    check(value in choices, key, value, " | ".join(choices))
