@@ -1,7 +1,8 @@
 """The control plane: a FastAPI app hosted by the trainer process.
 
 `create_app(settings)` wires the run store, the run manager, live events and auth; the lifespan
-marks runs left active by a dead process as interrupted and starts the default run.
+marks runs left active by a dead process as interrupted and starts the default run, or attaches
+a user's runtime (`create_app(settings, attach=runtime)`, what `backend.serve` does).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from asteria_core.policy import PolicyError
+from asteria_core.runtime import Runtime
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
 from backend.auth import load_or_create_token
 from backend.events import Broadcaster
@@ -83,9 +85,10 @@ def _metrics(app: FastAPI) -> tuple[bytes, str]:
     return generate_latest(CollectorRegistry()), CONTENT_TYPE_LATEST
 
 
-def create_app(settings: Settings | None = None,
-               default_config: RunConfig | None = None) -> FastAPI:
-    """The app; `default_config` is the run started at start-up (if settings allow)."""
+def create_app(settings: Settings | None = None, default_config: RunConfig | None = None, *,
+               attach: Runtime | None = None, total_steps: int = 0) -> FastAPI:
+    """The app; `default_config` is the run started at start-up (if settings allow), `attach`
+    a user's runtime served as the active run instead (then no default run starts)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -104,7 +107,9 @@ def create_app(settings: Settings | None = None,
         app.state.manager = RunManager(store, app.state.events, settings.runs_dir,
                                        live_window=settings.live_steps_window)
         app.state.metrics = lambda: _metrics(app)
-        if settings.start_default_run:
+        if attach is not None:
+            app.state.manager.attach(attach, total_steps=total_steps)
+        elif settings.start_default_run:
             app.state.manager.start(default_config or default_run_config())
         try:
             yield

@@ -1,9 +1,12 @@
-"""Runs: one active training run per trainer process, driven from HTTP without blocking on it.
+"""Runs: one active training run per control plane, driven from HTTP without blocking on it.
 
-The run trains in its own thread. Routes never wait for training: commands (pause, resume,
-stop, checkpoint) go into a queue drained between steps, and policy changes go to the run's
+A run is a `Runtime` either way: one the server launches itself (its own `Trainer`, training in
+a thread of this process) or one a user's script attached (`backend.serve(runtime)`; the script
+trains in its own thread). Routes never wait for training: commands (pause, resume, stop,
+checkpoint) go into a queue the runtime drains between steps, and policy changes go to its
 `LivePolicy`, applied at the next step boundary. Step records and policy changes flow to the
-run store (batched) and to live-event subscribers.
+run store (batched) and to live-event subscribers. Starting runs and checkpointing or resuming
+one from its checkpoint need a run the server launched: for an attached run they are a conflict.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from asteria_core.policy import LivePolicy, Policy, PolicyChange
+from asteria_core.runtime import Runtime
+from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
-from asteria_core.train.records import StepRecord
 from asteria_core.train.trainer import Trainer
 from backend.events import Broadcaster, Event
 from backend.live import LiveView
@@ -44,14 +48,20 @@ class RunConflict(RuntimeError):
 @dataclass
 class ActiveRun:
     run_id: str
-    config: RunConfig
+    config: RunConfig | None
+    """None for an attached run (the script's own loop has no config of ours)."""
     policy: LivePolicy
     commands: queue.Queue[str] = field(default_factory=queue.Queue)
     trainer: Trainer | None = None
+    runtime: Runtime | None = None
+    attached: bool = False
+    """True for a user's runtime served with `backend.serve`; False for a launched run."""
     thread: threading.Thread | None = None
     paused: bool = False
     live: LiveView | None = None
     """The run's row and newest steps, served to polling clients from memory."""
+    unbind: list = field(default_factory=list)
+    """Removers of the listeners this manager added to the runtime."""
 
 
 class RunManager:
@@ -105,6 +115,7 @@ class RunManager:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, config: RunConfig, policy: Policy | None = None) -> dict[str, Any]:
+        self._refuse_if_attached("starts no runs of its own")
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, out_dir=str(self.runs_dir)))
@@ -124,6 +135,9 @@ class RunManager:
         if active is not None and active.run_id == run_id:
             active.commands.put("resume")
             return self.get(run_id)
+        if row["config"].get("runtime", {}).get("attached"):
+            raise RunConflict(f"run {run_id} was attached by a script; resume it from the "
+                              "script (the control plane resumes only runs it launched)")
         if row["status"] not in RESUMABLE:
             raise RunConflict(f"run {run_id} is {row['status']}; only "
                               f"{', '.join(RESUMABLE)} runs can be resumed")
@@ -145,6 +159,9 @@ class RunManager:
         if command == "resume":
             return self.resume(run_id)
         active = self._require_active(run_id)
+        if command == "checkpoint" and active.attached:
+            raise RunConflict(f"run {run_id} is attached by a script, which owns its model and "
+                              "checkpoints; the control plane checkpoints only runs it launched")
         active.commands.put(command)
         return self.get(run_id)
 
@@ -160,12 +177,56 @@ class RunManager:
         return row["policy"] or Policy().to_dict(), row["policy_version"], []
 
     def shutdown(self, timeout: float = 60.0) -> None:
-        """Stop the active run at its next step boundary and wait for its checkpoint."""
+        """Stop a launched run at its next step boundary and wait for its checkpoint; detach an
+        attached one (its script goes on training, unobserved)."""
         active = self._active
-        if active is not None:
-            active.commands.put("stop")
-            if active.thread is not None:
-                active.thread.join(timeout)
+        if active is None:
+            return
+        if active.attached:
+            self.detach()
+            return
+        active.commands.put("stop")
+        if active.thread is not None:
+            active.thread.join(timeout)
+
+    # ------------------------------------------------------------------ attached runs
+    def attach(self, runtime: Runtime, *, total_steps: int = 0) -> dict[str, Any]:
+        """Serve a user's runtime as the active run: its records, policy and commands."""
+        with self._lock:
+            self._check_idle()
+            config = {"runtime": {"attached": True, "optimizer": runtime.optimizer_name}}
+            active = ActiveRun(runtime.run_id, None, runtime.policy, runtime=runtime,
+                               attached=True)
+            self.store.create_run(active.run_id, config, str(runtime.run_dir), total_steps)
+            self.store.set_policy(active.run_id, runtime.policy.current.to_dict(),
+                                  runtime.policy.version)
+            active.live = LiveView(self.store.get_run(active.run_id), window=self.live_window)
+            active.live.update(status="running", step=runtime.step,
+                               policy_version=runtime.policy.version)
+            self._bind(active, runtime)
+            self._active = active
+        return self.get(active.run_id)
+
+    def detach(self) -> None:
+        """End the attached run's connection: finished if its runtime was closed, else
+        stopped; the script's training is not touched."""
+        active = self._active
+        if active is None or not active.attached:
+            return
+        for remove in active.unbind:
+            remove()
+        runtime = active.runtime
+        status = "finished" if runtime.closed and not runtime.stop_requested else "stopped"
+        self.store.set_status(active.run_id, status)
+        with self._lock:
+            self._active = None
+        self.events.publish(Event("status", active.run_id, {"status": status, "error": None}))
+
+    def _refuse_if_attached(self, what: str) -> None:
+        active = self._active
+        if active is not None and active.attached:
+            raise RunConflict(f"this control plane is attached to run {active.run_id} of a "
+                              f"script, and {what}")
 
     def _check_idle(self) -> None:
         if self._active is not None:
@@ -185,10 +246,8 @@ class RunManager:
         try:
             active.policy.add_listener(lambda change: self._on_policy(active, change))
             trainer = Trainer(active.config, run_id=active.run_id, policy=active.policy)
-            active.trainer = trainer
-            self.last_telemetry = trainer.telemetry
-            trainer.between_steps_hooks.append(lambda step: self._drain(active))
-            trainer.record_sinks.append(lambda record: self._on_record(active, record))
+            active.trainer, active.runtime = trainer, trainer.runtime
+            self._bind(active, trainer.runtime)
             trainer.checkpoint_sinks.append(lambda step, path: self._on_checkpoint(active, step))
             try:
                 result = trainer.train(progress=False)
@@ -204,6 +263,15 @@ class RunManager:
                 self._active = None
             self.events.publish(Event("status", active.run_id, {"status": status,
                                                                 "error": error}))
+
+    def _bind(self, active: ActiveRun, runtime: Runtime) -> None:
+        """Follow the runtime: records to the store and live clients, commands between steps."""
+        self.last_telemetry = runtime.telemetry
+        active.unbind = [runtime.add_listener(lambda record: self._on_record(active, record)),
+                         runtime.between_steps(lambda step: self._drain(active))]
+        if active.attached:  # a launched run's policy listener is added before its trainer
+            runtime.policy.add_listener(
+                lambda change: self._active is active and self._on_policy(active, change))
 
     def _on_policy(self, active: ActiveRun, change: PolicyChange) -> None:
         """A change took effect at a step boundary: audit it and tell live clients."""
@@ -225,7 +293,6 @@ class RunManager:
 
     def _drain(self, active: ActiveRun) -> None:
         """Between steps: run queued commands; while paused, wait here for the next one."""
-        trainer = active.trainer
         while True:
             try:
                 command = active.commands.get(block=active.paused, timeout=0.5)
@@ -241,9 +308,9 @@ class RunManager:
                     active.paused = False
                     self._publish_status(active, "running")
                 case "checkpoint":
-                    trainer.save_checkpoint()
+                    active.trainer.save_checkpoint()
                 case "stop":
-                    trainer.request_stop()
+                    active.runtime.request_stop()
                     active.paused = False
                     return
                 case _:

@@ -171,15 +171,17 @@ class Runtime:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def at_boundary(self, hook: StepHook) -> None:
+    def at_boundary(self, hook: StepHook) -> Callable[[], None]:
         """Run `hook(step)` at every step boundary, after the refresh engine (inside the step's
-        timing, as part of the boundary)."""
+        timing, as part of the boundary); returns the remover."""
         self._boundary_hooks.append(hook)
+        return lambda: self._boundary_hooks.remove(hook)
 
-    def between_steps(self, hook: StepHook) -> None:
+    def between_steps(self, hook: StepHook) -> Callable[[], None]:
         """Run `hook(step)` after each completed record, outside any step's timing (commands
-        such as pause may block here)."""
+        such as pause may block here); returns the remover."""
         self._between_hooks.append(hook)
+        return lambda: self._between_hooks.remove(hook)
 
     def request_stop(self) -> None:
         """Ask the loop to stop (thread-safe: a flag the loop, or an integration, reads)."""
@@ -188,6 +190,10 @@ class Runtime:
     @property
     def stop_requested(self) -> bool:
         return self._stop_requested
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def settle(self) -> None:
         """Before a checkpoint: outstanding refreshes go into the optimizer's state, with their

@@ -30,12 +30,13 @@ class TimingFigures:
 
 @dataclass(slots=True)
 class RefreshFigures:
-    """The refresh engine's figures after this step's boundary."""
+    """The refresh engine's figures after this step's boundary: the state the next step sees
+    (a policy change that took effect at this boundary is in them already)."""
 
     staleness_max: int
     """Largest staleness over preconditioner blocks, as the next step sees them (steps)."""
     staleness_bound: int
-    """S in force at this boundary (steps)."""
+    """S in force from the next step on (steps); staleness_max never exceeds it."""
     queue_depth: int
     """Refreshes queued or running on the workers."""
     background_load: float | None
