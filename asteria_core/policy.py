@@ -6,11 +6,16 @@ validated whole (unknown fields, types, ranges, cross-field rules, and any valid
 registers, such as "the disk directory is writable"), and either queued with a new version and the
 step at which it takes effect, or rejected whole with a `PolicyError` naming the field. Queued
 changes are applied together at one step boundary and recorded in the history.
+
+Each field's kind, range or choices, label and help text are written once, in `Policy`'s field
+metadata (a `PolicyField`): `Policy` validates with them, and `policy_fields()` hands them to the
+control plane, which builds its request schema (and so the dashboard's form) from them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,69 +36,152 @@ class PolicyError(ValueError):
         self.field = field
 
 
+AUTO = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyField:
+    """One policy field described once: its kind, allowed values, label and help text.
+
+    `Policy` validates with it, and the control plane builds its request schema from it (see
+    `policy_fields`), so a range or a choice is written in one place only.
+    """
+
+    kind: str
+    """int | auto_or_int ("auto" or an integer) | choice | bool | str."""
+    title: str
+    """A short label (what a form shows)."""
+    help: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    max_length: int | None = None
+    name: str = ""
+    """Filled in by `policy_fields` (the dataclass field the description belongs to)."""
+    default: Any = None
+
+    def allowed(self) -> str:
+        """What a valid value is, in the words of a PolicyError message."""
+        integer = f"an integer in [{self.minimum}, {self.maximum}]"
+        return {"int": integer, "auto_or_int": f'"{AUTO}" or {integer}',
+                "choice": " | ".join(self.choices), "bool": "true | false",
+                "str": f"a string of at most {self.max_length} characters"}[self.kind]
+
+    def accepts(self, value: Any) -> bool:
+        if self.kind == "auto_or_int" and value == AUTO:
+            return True
+        if self.kind in ("int", "auto_or_int"):
+            return (isinstance(value, int) and not isinstance(value, bool)
+                    and self.minimum <= value <= self.maximum)
+        if self.kind == "choice":
+            return isinstance(value, str) and value in self.choices
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        return isinstance(value, str) and len(value) <= self.max_length
+
+    def check(self, name: str, value: Any) -> None:
+        if not self.accepts(value):
+            # reprlib: a rejected value is shown shortened (a long path, say), never whole
+            raise PolicyError(name, f"got {reprlib.repr(value)}; allowed: {self.allowed()}")
+
+
+_SPEC = "policy"  # the metadata key a Policy field's PolicyField lives under
+
+
+def _field(default: Any, spec: PolicyField) -> Any:
+    return dataclasses.field(default=default, metadata={_SPEC: spec})
+
+
+def _int(default: int, lo: int, hi: int, title: str, doc: str) -> Any:
+    return _field(default, PolicyField("int", title, doc, minimum=lo, maximum=hi))
+
+
+def _auto_or_int(default: int | str, lo: int, hi: int, title: str, doc: str) -> Any:
+    return _field(default, PolicyField("auto_or_int", title, doc, minimum=lo, maximum=hi))
+
+
+def _choice(default: str, choices: tuple[str, ...], title: str, doc: str) -> Any:
+    return _field(default, PolicyField("choice", title, doc, choices=choices))
+
+
+def _bool(default: bool, title: str, doc: str) -> Any:
+    return _field(default, PolicyField("bool", title, doc))
+
+
+def _str(default: str, max_length: int, title: str, doc: str) -> Any:
+    return _field(default, PolicyField("str", title, doc, max_length=max_length))
+
+
+MAX_STEPS = 1_000_000
+MAX_BYTES = 2**53
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
-    """What an operator may change while a run trains."""
+    """What an operator may change while a run trains.
 
-    refresh_interval: int = 10
-    """Steps between refreshes of a preconditioner block."""
-    staleness_bound: int = 10
-    """S: the most steps a basis in use may lag the statistics it was computed from."""
-    swap_delay: int | str = "auto"
-    """d <= S: in deterministic mode a basis from step-t statistics is swapped in at t + d.
-    "auto" follows the staleness bound (d = S, read at each boundary), which gives pacing the
-    most steps to spread a round over; see `delay`."""
-    swap_mode: str = "deterministic"
-    """deterministic | opportunistic (swap as soon as ready, wait only at the bound)."""
-    workers: int = 1
-    """Host refresh workers; 0 computes refreshes inline (the native reference)."""
-    worker_threads: int = 1
-    """torch intra-op threads per refresh worker."""
-    worker_kind: str = "thread"
-    """thread | process: where refreshes run (processes can be killed when one hangs)."""
-    worker_nice: int = 0
-    """Scheduling niceness of refresh workers (0-19): above 0 they yield the cores to training
-    and fill its idle gaps instead of competing with it."""
-    refresh_timeout_ms: int = 30_000
-    """How long a step waits at the bound for a late refresh before computing it inline."""
-    priority: str = "stale_then_cost"
-    """Refresh queue order: stale_then_cost (most stale, then most expensive) | fifo."""
-    pace: bool = True
-    """Spread each refresh round's jobs over the steps before its swap (min(d, S, refresh
-    interval) steps, by cost), so the workers load every step evenly instead of a burst at each
-    refresh point. Timing only: the results and the steps they are swapped in at do not change."""
-    failure_limit: int = 3
-    """Consecutive failed refreshes of one block before the run stops with a checkpoint."""
-    device_budget_bytes: int = 0
-    """Bytes of optimizer state allowed on the device tier; 0 means no limit."""
-    host_budget_bytes: int = 0
-    """Bytes of optimizer state allowed on the host tier; 0 means no limit."""
-    disk_dir: str = ""
-    """Folder of the disk tier; empty means a folder inside the run directory."""
-    offload_mode: str = "none"
-    """none | host | disk | auto (placement by budgets)."""
+    Each field's type, range or choices, label and help text are written once, here; see
+    `policy_fields` for the description the control plane and its dashboard are built from.
+    """
+
+    refresh_interval: int = _int(
+        10, 1, MAX_STEPS, "Refresh interval (steps)",
+        "Steps between refreshes of a preconditioner block.")
+    staleness_bound: int = _int(
+        10, 0, MAX_STEPS, "Staleness bound S (steps)",
+        "S: the most steps a basis in use may lag the statistics it was computed from.")
+    swap_delay: int | str = _auto_or_int(
+        AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
+        "d <= S: in deterministic mode a basis from step-t statistics is swapped in at t + d. "
+        '"auto" follows the staleness bound (d = S, read at each boundary), which gives pacing '
+        "the most steps to spread a round over.")
+    swap_mode: str = _choice(
+        "deterministic", SWAP_MODES, "Swap mode",
+        "deterministic (swap at t + d) | opportunistic (swap as soon as ready, wait only at the "
+        "bound).")
+    workers: int = _int(
+        1, 0, 256, "Refresh workers (0 = inline)",
+        "Host refresh workers; 0 computes refreshes inline (the native reference).")
+    worker_threads: int = _int(
+        1, 1, 256, "Threads per worker", "torch intra-op threads per refresh worker.")
+    worker_kind: str = _choice(
+        "thread", WORKER_KINDS, "Worker kind",
+        "thread | process: where refreshes run (processes can be killed when one hangs).")
+    worker_nice: int = _int(
+        0, 0, 19, "Worker niceness (0-19)",
+        "Scheduling niceness of refresh workers: above 0 they yield the cores to training and "
+        "fill its idle gaps instead of competing with it.")
+    refresh_timeout_ms: int = _int(
+        30_000, 1, 86_400_000, "Refresh timeout (ms)",
+        "How long a step waits at the bound for a late refresh before computing it inline.")
+    priority: str = _choice(
+        "stale_then_cost", PRIORITIES, "Refresh queue order",
+        "stale_then_cost (most stale, then most expensive) | fifo.")
+    pace: bool = _bool(
+        True, "Pace refreshes",
+        "Spread each refresh round's jobs over the steps before its swap (min(d, S, refresh "
+        "interval) steps, by cost), so the workers load every step evenly instead of a burst at "
+        "each refresh point. Timing only: the results and the steps they are swapped in at do "
+        "not change.")
+    failure_limit: int = _int(
+        3, 1, MAX_STEPS, "Failure limit",
+        "Consecutive failed refreshes of one block before the run stops with a checkpoint.")
+    device_budget_bytes: int = _int(
+        0, 0, MAX_BYTES, "Device tier budget (bytes, 0 = no limit)",
+        "Bytes of optimizer state allowed on the device tier; 0 means no limit.")
+    host_budget_bytes: int = _int(
+        0, 0, MAX_BYTES, "Host tier budget (bytes, 0 = no limit)",
+        "Bytes of optimizer state allowed on the host tier; 0 means no limit.")
+    disk_dir: str = _str(
+        "", 4096, "Disk tier folder",
+        "Folder of the disk tier; empty means a folder inside the run directory.")
+    offload_mode: str = _choice(
+        "none", OFFLOAD_MODES, "Offload mode", "none | host | disk | auto (placement by budgets).")
 
     def __post_init__(self) -> None:
-        _int_range("refresh_interval", self.refresh_interval, 1, 1_000_000)
-        _int_range("staleness_bound", self.staleness_bound, 0, 1_000_000)
-        if self.swap_delay != "auto":
-            _int_range("swap_delay", self.swap_delay, 0, 1_000_000, also='"auto" or ')
-        _choice("swap_mode", self.swap_mode, SWAP_MODES)
-        _int_range("workers", self.workers, 0, 256)
-        _int_range("worker_threads", self.worker_threads, 1, 256)
-        _choice("priority", self.priority, PRIORITIES)
-        _choice("worker_kind", self.worker_kind, WORKER_KINDS)
-        _int_range("worker_nice", self.worker_nice, 0, 19)
-        _int_range("refresh_timeout_ms", self.refresh_timeout_ms, 1, 86_400_000)
-        if not isinstance(self.pace, bool):
-            raise PolicyError("pace", f"got {self.pace!r}; allowed: true | false")
-        _int_range("failure_limit", self.failure_limit, 1, 1_000_000)
-        _int_range("device_budget_bytes", self.device_budget_bytes, 0, 2**53)
-        _int_range("host_budget_bytes", self.host_budget_bytes, 0, 2**53)
-        if not isinstance(self.disk_dir, str):
-            raise PolicyError("disk_dir", f"got {self.disk_dir!r}; allowed: a path (string)")
-        _choice("offload_mode", self.offload_mode, OFFLOAD_MODES)
-        if self.swap_delay != "auto" and self.swap_delay > self.staleness_bound:
+        for f in dataclasses.fields(self):  # types, ranges and choices, from each field's spec
+            f.metadata[_SPEC].check(f.name, getattr(self, f.name))
+        if self.swap_delay != AUTO and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
         if self.swap_mode == "opportunistic" and self.workers == 0:
@@ -103,20 +191,17 @@ class Policy:
     @property
     def delay(self) -> int:
         """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
-        return self.staleness_bound if self.swap_delay == "auto" else self.swap_delay
+        return self.staleness_bound if self.swap_delay == AUTO else self.swap_delay
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _int_range(field: str, value: Any, lo: int, hi: int, also: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise PolicyError(field, f"got {value!r}; allowed: {also}an integer in [{lo}, {hi}]")
-
-
-def _choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise PolicyError(field, f"got {value!r}; allowed: {' | '.join(choices)}")
+def policy_fields(policy_cls: type[Policy] = Policy) -> tuple[PolicyField, ...]:
+    """Every field of `policy_cls` (Policy or a subclass) described: name, default, kind,
+    bounds or choices, label and help. Plain data, so other layers can build on it."""
+    return tuple(dataclasses.replace(f.metadata[_SPEC], name=f.name, default=f.default)
+                 for f in dataclasses.fields(policy_cls))
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Policy))

@@ -1,8 +1,17 @@
+import dataclasses
 import threading
 
 import pytest
 
-from asteria_core.policy import LivePolicy, Policy, PolicyError
+import asteria_core.policy as policy_module
+from asteria_core.policy import (
+    FIELDS,
+    LivePolicy,
+    Policy,
+    PolicyError,
+    PolicyField,
+    policy_fields,
+)
 
 
 def test_defaults_are_valid_and_serialisable():
@@ -103,3 +112,42 @@ def test_concurrent_proposals_get_distinct_versions():
         t.join()
     versions = [c.version for c in live.apply_pending(1)]
     assert sorted(versions) == list(range(2, 22)) and live.version == 21
+
+
+def _bad_values(field: PolicyField) -> list:
+    """Values each kind must refuse: out of range, the wrong JSON type, bool for int."""
+    match field.kind:
+        case "int" | "auto_or_int":
+            return [field.minimum - 1, field.maximum + 1, True, "5", 1.0]
+        case "choice":
+            return ["nope", 1, None]
+        case "bool":
+            return [1, "true", None]
+        case _:
+            return [5, "x" * (field.max_length + 1), None]
+
+
+@pytest.mark.parametrize("field", policy_fields(), ids=lambda f: f.name)
+def test_each_field_is_validated_by_its_description(field):
+    assert field.help and field.title and getattr(Policy(), field.name) == field.default
+    for value in _bad_values(field):
+        with pytest.raises(PolicyError) as err:
+            Policy(**{field.name: value})
+        assert err.value.field == field.name
+        assert str(err.value).endswith(f"; allowed: {field.allowed()}")
+    if field.kind in ("int", "auto_or_int"):  # the bounds themselves are allowed
+        bound = {"staleness_bound": field.maximum} if field.name == "swap_delay" else {}
+        Policy(**{**bound, field.name: field.minimum})
+        Policy(**{**bound, field.name: field.maximum})
+
+
+def test_a_field_added_to_a_subclass_is_described_and_validated():
+    @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+    class Wider(Policy):
+        prefetch: int = policy_module._int(2, 0, 8, "Prefetch", "Blocks fetched ahead.")
+
+    described = {f.name: f for f in policy_fields(Wider)}
+    assert list(described) == [*FIELDS, "prefetch"]
+    assert (described["prefetch"].minimum, described["prefetch"].maximum) == (0, 8)
+    with pytest.raises(PolicyError, match=r"prefetch: got 9; allowed: an integer in \[0, 8\]"):
+        Wider(prefetch=9)
