@@ -1,13 +1,14 @@
-"""The `asteria` command.
+"""The core commands of `asteria`: train a run and print its config, without the control plane.
 
-    asteria start                         # the product on the embedded default corpus
-    asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
-    asteria config --config run.toml      # print the resolved config as TOML
-    asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
-    asteria serve --port 8000             # the control plane, with a default run
+    python -m asteria_core.cli train --config run.toml --optim.lr 3e-3 --train.steps 200
+    python -m asteria_core.cli config --config run.toml      # the resolved config as TOML
+    python -m asteria_core.cli train --metrics-port 9400     # also serve Prometheus /metrics
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
 key or a bad value stops the command before anything is built, naming the key.
+
+The `asteria` command (`backend.cli`) adds `serve` and `start`, which run the control plane and
+the dashboard; this module imports nothing from them, so the core runs without the web stack.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from asteria_core.train.config import ConfigError, RunConfig
 from asteria_core.train.config_io import (
@@ -43,18 +46,6 @@ def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
             i += 2
         pairs.append((key, value))
     return pairs
-
-
-# The product's default run (`asteria start` / `asteria serve`): SOAP with its refresh off the
-# critical path, long enough to watch and steer, with periodic checkpoints. On a machine without
-# a measured energy source the energy figures are a labelled estimate (CPU seconds x 15 W).
-# A config file or an override changes any of it (e.g. --optim.name adamw).
-SERVED_RUN = {
-    "optim": {"name": "soap", "lr": 1e-2},
-    "policy": {"workers": 1},
-    "train": {"steps": 3000, "checkpoint_interval": 100},
-    "telemetry": {"model_cpu_watts": 15.0},
-}
 
 
 def resolve_config(config_path: str | None, rest: list[str],
@@ -122,78 +113,76 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
-    # Imported here: asteria_core never imports the control plane at module level.
-    import uvicorn
-
-    from backend.app import create_app
-    from backend.settings import Settings
-
-    overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir}
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None},
-                        start_default_run=not args.no_default_run)
-    app = create_app(settings, default_config=config)
-    print(f"asteria: control plane on http://{settings.host}:{settings.port} "
-          f"(API docs at /docs, metrics at /metrics)", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="warning")
+def _cmd_config(config: RunConfig, args: argparse.Namespace) -> int:
+    print(to_toml(config), end="")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asteria", description=__doc__,
+Command = Callable[[RunConfig, argparse.Namespace], int]
+
+# name: (help, handler), in the order `asteria --help` lists them.
+COMMANDS: dict[str, tuple[str, Command]] = {
+    "train": ("train a GPT from a config file and overrides", _cmd_train),
+    "config": ("print the resolved config as TOML", _cmd_config),
+}
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that resolves a run config (train, config, start)."""
+    parser.add_argument("--config", help="a TOML or YAML config file")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus /metrics on PORT while training "
+                             "(same as --telemetry.metrics_port)")
+    parser.add_argument("--metrics-host", metavar="HOST",
+                        help="address for --metrics-port, default 127.0.0.1 "
+                             "(same as --telemetry.metrics_host)")
+
+
+def new_parser(description: str | None) -> tuple[argparse.ArgumentParser, Any]:
+    """The `asteria` parser and its (required) subcommand set, for the core's and other
+    commands."""
+    parser = argparse.ArgumentParser(prog="asteria", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (
-        ("start", "start the product on the embedded default corpus"),
-        ("train", "train a GPT from a config file and overrides"),
-        ("config", "print the resolved config as TOML"),
-    ):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--config", help="a TOML or YAML config file")
-        p.add_argument("--no-progress", action="store_true", help="no progress bar")
-        p.add_argument("--metrics-port", type=int, metavar="PORT",
-                       help="serve Prometheus /metrics on PORT while training "
-                            "(same as --telemetry.metrics_port)")
-        p.add_argument("--metrics-host", metavar="HOST",
-                       help="address for --metrics-port, default 127.0.0.1 "
-                            "(same as --telemetry.metrics_host)")
-    serve = sub.add_parser("serve", help="start the control plane (and a default run)")
-    serve.add_argument("--config", help="config of the default run (TOML or YAML)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1, or ASTERIA_HOST)")
-    serve.add_argument("--port", type=int, help="port (default 8000, or ASTERIA_PORT)")
-    serve.add_argument("--data-dir", help="run store, runs and token (default asteria-data)")
-    serve.add_argument("--no-default-run", action="store_true",
-                       help="start no run; start one with POST /runs")
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def add_commands(sub: Any) -> None:
+    """Add the core's commands (`COMMANDS`) to a subcommand set from `new_parser`."""
+    for name, (help_text, _) in COMMANDS.items():
+        add_run_arguments(sub.add_parser(name, help=help_text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, sub = new_parser(__doc__)
+    add_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(parser: argparse.ArgumentParser, argv: list[str] | None,
+        commands: Mapping[str, Command], bases: Mapping[str, dict] | None = None) -> int:
+    """Parse `argv`, resolve the run config (on `bases[command]`, if any) and run the command.
+
+    A config error prints `asteria: config error: ...` and returns 2 before anything is built.
+    """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args, rest = build_parser().parse_known_args(argv)
+    args, rest = parser.parse_known_args(argv)
     for flag, key in (("metrics_port", "telemetry.metrics_port"),
                       ("metrics_host", "telemetry.metrics_host")):
         if getattr(args, flag, None) is not None:
             rest += [f"--{key}", str(getattr(args, flag))]
     try:
-        base = SERVED_RUN if args.command in ("start", "serve") else None
-        config = resolve_config(args.config, rest, base)
+        config = resolve_config(args.config, rest, (bases or {}).get(args.command))
     except ConfigError as err:
         print(f"asteria: config error: {err}", file=sys.stderr)
         return 2
-    match args.command:
-        case "config":
-            print(to_toml(config), end="")
-            return 0
-        case "start":
-            from backend.launch import start  # here: asteria_core never imports backend at load
+    if args.command not in commands:
+        raise NotImplementedError(args.command)
+    return commands[args.command](config, args)
 
-            return start(config)
-        case "train":
-            return _cmd_train(config, args)
-        case "serve":
-            return _cmd_serve(config, args)
-        case _:
-            raise NotImplementedError(args.command)
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), argv, {name: handler for name, (_, handler) in COMMANDS.items()})
 
 
 if __name__ == "__main__":

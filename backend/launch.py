@@ -6,7 +6,7 @@
 Two child processes, each in a session of its own so that a terminal's Ctrl-C reaches only this
 launcher, which then stops them in order:
 
-    python -m asteria_core.cli serve --config <data_dir>/start-config.toml --host H --port P ...
+    python -m backend.cli serve --config <data_dir>/start-config.toml --host H --port P ...
     python -m streamlit run dashboard/app.py --server.headless true --server.address 127.0.0.1 ...
 
 It waits until both answer, prints both URLs, and on SIGINT or SIGTERM stops the dashboard and
@@ -166,7 +166,7 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
          children: list[Child], stop: threading.Event) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cwd = _dashboard_script().parent.parent
-    serve = Child("control plane", [sys.executable, "-m", "asteria_core.cli", "serve",
+    serve = Child("control plane", [sys.executable, "-m", "backend.cli", "serve",
                                     "--config", str(config_path), "--host", settings.host,
                                     "--port", str(settings.port), "--data-dir", str(data_dir)],
                   env, cwd)

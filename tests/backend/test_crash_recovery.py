@@ -28,7 +28,7 @@ def test_sigkill_mid_run_then_restart_shows_interrupted_and_resumes(server_facto
     port = free_port()
     env = {**os.environ, "ASTERIA_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asteria_core.cli", "serve", "--port", str(port), "--data-dir",
+        [sys.executable, "-m", "backend.cli", "serve", "--port", str(port), "--data-dir",
          str(data_dir), *TINY_ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,88 @@
+"""The `asteria` command.
+
+    asteria start                         # the product on the embedded default corpus
+    asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
+    asteria config --config run.toml      # print the resolved config as TOML
+    asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
+    asteria serve --port 8000             # the control plane, with a default run
+
+Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
+key or a bad value stops the command before anything is built, naming the key.
+"""
+
+# The console entry point lives here, above the core: `train` and `config` are the core's
+# (asteria_core.cli, which imports nothing from the control plane), `serve` and `start` run the
+# control plane and the dashboard. The web stack loads only when one of those two runs, so
+# `asteria train` costs what `python -m asteria_core.cli train` costs.
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from asteria_core import cli as core
+from asteria_core.train.config import RunConfig
+
+# The product's default run (`asteria start` / `asteria serve`): SOAP with its refresh off the
+# critical path, long enough to watch and steer, with periodic checkpoints. On a machine without
+# a measured energy source the energy figures are a labelled estimate (CPU seconds x 15 W).
+# A config file or an override changes any of it (e.g. --optim.name adamw).
+SERVED_RUN = {
+    "optim": {"name": "soap", "lr": 1e-2},
+    "policy": {"workers": 1},
+    "train": {"steps": 3000, "checkpoint_interval": 100},
+    "telemetry": {"model_cpu_watts": 15.0},
+}
+
+
+def _cmd_start(config: RunConfig, args: argparse.Namespace) -> int:
+    from backend.launch import start
+
+    return start(config)
+
+
+def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from backend.app import create_app
+    from backend.settings import Settings
+
+    overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None},
+                        start_default_run=not args.no_default_run)
+    app = create_app(settings, default_config=config)
+    print(f"asteria: control plane on http://{settings.host}:{settings.port} "
+          f"(API docs at /docs, metrics at /metrics)", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="warning")
+    return 0
+
+
+COMMANDS: dict[str, core.Command] = {
+    "start": _cmd_start,
+    **{name: handler for name, (_, handler) in core.COMMANDS.items()},
+    "serve": _cmd_serve,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, sub = core.new_parser(__doc__)
+    core.add_run_arguments(sub.add_parser("start", help="start the product on the embedded "
+                                                        "default corpus"))
+    core.add_commands(sub)
+    serve = sub.add_parser("serve", help="start the control plane (and a default run)")
+    serve.add_argument("--config", help="config of the default run (TOML or YAML)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1, or ASTERIA_HOST)")
+    serve.add_argument("--port", type=int, help="port (default 8000, or ASTERIA_PORT)")
+    serve.add_argument("--data-dir", help="run store, runs and token (default asteria-data)")
+    serve.add_argument("--no-default-run", action="store_true",
+                       help="start no run; start one with POST /runs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return core.run(build_parser(), argv, COMMANDS,
+                    bases={"start": SERVED_RUN, "serve": SERVED_RUN})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
