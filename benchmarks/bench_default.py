@@ -26,7 +26,7 @@ def one_run(steps: int, out_dir: str, overrides: list[str]) -> dict:
                                    *overrides])
     trainer = Trainer(config, jsonl=False)
     records = []
-    trainer.record_sinks.append(records.append)
+    trainer.runtime.add_listener(records.append)
     result = trainer.train(progress=False)
     trainer.close()
     steady = [r.step_seconds for r in records[5:]]  # the first steps warm up allocators

@@ -60,9 +60,9 @@ def one_run(name: str, lr: float, args, overrides: list[str], out_dir: str) -> d
         "--policy.swap_delay", "0", "--telemetry.enabled", "false", *overrides])
     trainer = Trainer(config, jsonl=False)
     records, refresh_steps = [], set()
-    trainer.record_sinks.append(records.append)
+    trainer.runtime.add_listener(records.append)
     if isinstance(trainer.optimizer, BlockPreconditioner):
-        trainer.boundary_hooks.append(
+        trainer.runtime.at_boundary(
             lambda step: refresh_steps.add(step) if trainer.optimizer.due_blocks() else None)
     t0 = time.perf_counter()
     result = trainer.train(progress=False)

@@ -116,15 +116,14 @@ class Contender:
 
     def turn(self, steps: int) -> None:
         torch.set_num_threads(self.threads)
-        engine = self.trainer.refresh
+        engine = self.trainer.runtime.refresh
         if engine is not None:
             engine.defer_releases(False)  # what the last turn's last boundary released goes now
         for i in range(steps):
             if engine is not None and i == steps - 1:
                 engine.defer_releases(True)  # this turn's last boundary releases at the next
-            record = self.trainer.train_step()
-            for sink in self.trainer.record_sinks:  # telemetry adds the idle (wait) figures
-                sink(record)
+            self.trainer.train_step()
+            record = self.trainer.runtime.end_step()  # telemetry adds the idle (wait) figures
             record.step_seconds += self.charge
             self.charge = 0.0
             self.records.append(record)
@@ -150,7 +149,7 @@ def summary(c: Contender) -> dict:
     ranked = sorted(steady)
     turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]
     spike = statistics.median(max(t) / statistics.median(t) for t in turns)
-    waits = [r.extra.get("idle_seconds", {}).get("refresh_wait", 0.0) for r in records]
+    waits = [r.timing.idle_seconds["refresh_wait"] for r in records if r.timing is not None]
     return {
         "label": c.label, "args": c.args, "params": c.trainer.model_params,
         "train_s": sum(r.step_seconds for r in records),
@@ -159,7 +158,7 @@ def summary(c: Contender) -> dict:
         "max_ms": 1e3 * ranked[-1], "mean_ms": 1e3 * statistics.fmean(steady),
         "spike": spike,
         "refresh_wait_s": sum(waits),
-        "staleness_max": max((r.extra.get("staleness_max", 0) for r in records), default=0),
+        "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh), default=0),
         "final_val_loss": val_loss,
         "trace_ms": [1e3 * r.step_seconds for r in records],
     }

@@ -7,7 +7,7 @@ scraped at 1 Hz by a client thread, like Prometheus) and one with telemetry off.
 alternating blocks of `--block` steps (on, off, off, on, ...), so drift in the machine's load
 hits both alike; the scraper only runs while the telemetry trainer trains. Step time is the
 loop period (between successive step records, taken by the last record sink), so it includes
-all per-step telemetry work (idle attribution, metrics, energy polling, history) and the
+all per-step telemetry work (idle attribution, metrics, energy polling) and the
 scrapes' rendering competing for the same cores. A warm-up of each arm and evaluation steps are
 left out. Measured overhead is the median over block pairs of (median on / median off - 1).
 
@@ -68,16 +68,17 @@ class Arm:
         self.blocks: list[list[float]] = []
         self._last: float | None = None
         self.sink_cpu: list[float] = []
-        if telemetry:  # telemetry's own sink, timed in CPU seconds (robust to a busy machine)
-            sink = self.trainer.record_sinks[0]
+        if telemetry:  # telemetry's per-record work, timed in CPU seconds (robust to noise)
+            reporter = self.trainer.runtime.reporter
+            observe = reporter.observe
 
             def timed(record) -> None:
                 t0 = time.thread_time()
-                sink(record)
+                observe(record)
                 self.sink_cpu.append(time.thread_time() - t0)
 
-            self.trainer.record_sinks[0] = timed
-        self.trainer.record_sinks.append(self._stamp)
+            reporter.observe = timed
+        self.trainer.runtime.add_listener(self._stamp)
 
     def _stamp(self, record) -> None:
         now = time.perf_counter()

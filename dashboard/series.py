@@ -5,8 +5,9 @@ rows live in a `StepBuffer` whose size is bounded however long the run: when it 
 older part is thinned to every second row (the recent part stays at full resolution), so a
 long live view keeps the whole curve at a coarser grain and memory stays flat.
 
-Names of `extra` figures are those of asteria_core/telemetry (docs/metrics.md); a figure that is
-absent from every record is "not reported by this run", never drawn as zeros.
+Figures are read from the record's typed sections (timing, refresh, tiers, energy) by the names
+asteria_core/telemetry/records.py gives them; a figure that is absent from every record is "not
+reported by this run", never drawn as zeros.
 """
 
 from __future__ import annotations
@@ -20,39 +21,37 @@ PHASES = ("data", "forward", "backward", "optimizer", "boundary")
 TIERS = ("device", "host", "disk")
 MEASURED = ("nvml", "rapl")
 """Energy sources that measure; `model` is an estimate (CPU seconds x configured watts)."""
-# extra key -> row column. Telemetry's names (docs/metrics.md) and the refresh engine's own
-# stamps on the record (staleness_max, staleness_bound, background_load) mean the same figures.
+# (record section, figure) -> row column. The names are those of the step record's sections
+# (asteria_core/telemetry/records.py, docs/metrics.md): one name per figure, no aliases.
 SCALARS = {
-    "staleness_max_steps": "staleness_max", "staleness_max": "staleness_max",
-    "staleness_bound_steps": "staleness_bound", "staleness_bound": "staleness_bound",
-    "refresh_queue_depth": "queue_depth",
-    "refresh_background_load": "background_load", "background_load": "background_load",
-    "refresh_workers_busy_ratio": "workers_busy",
-    "device_busy_ratio": "busy_ratio",
-    "policy_version": "policy_version",
+    ("refresh", "staleness_max"): "staleness_max",
+    ("refresh", "staleness_bound"): "staleness_bound",
+    ("refresh", "queue_depth"): "queue_depth",
+    ("refresh", "background_load"): "background_load",
+    ("refresh", "workers_busy_ratio"): "workers_busy",
+    ("timing", "device_busy_ratio"): "busy_ratio",
 }
-DICTS = {"compute_seconds": "phase_", "idle_seconds": "idle_", "energy_joules": "joules_",
-         "tier_bytes": "tier_", "tier_capacity_bytes": "cap_"}
+DICTS = {("timing", "idle_seconds"): "idle_", ("energy", "joules"): "joules_",
+         ("tiers", "bytes"): "tier_", ("tiers", "capacity_bytes"): "cap_"}
 CUMULATIVE_PREFIXES = ("joules_",)
 
 
 def compact(record: dict[str, Any], tokens_before: int) -> dict[str, Any]:
     """One step record as a flat row (what the charts need, nothing else)."""
     row = {k: record.get(k) for k in ("step", "time", "loss", "eval_loss", "lr", "tokens",
-                                      "step_seconds")}
+                                      "step_seconds", "policy_version")}
     row["tokens_total"] = tokens_before + int(record.get("tokens") or 0)
-    extra = record.get("extra") or {}
-    phases = extra.get("compute_seconds") or record.get("phase_seconds") or {}
-    for name, value in phases.items():
+    timing = record.get("timing") or {}
+    for name, value in (timing.get("compute_seconds") or record.get("phase_seconds") or
+                        {}).items():
         row[f"phase_{name}"] = value
-    for key, prefix in DICTS.items():
-        if key == "compute_seconds":
-            continue
-        for name, value in (extra.get(key) or {}).items():
+    for (section, key), prefix in DICTS.items():
+        for name, value in ((record.get(section) or {}).get(key) or {}).items():
             row[prefix + name] = value
-    for key, column in SCALARS.items():
-        if key in extra and extra[key] is not None:
-            row[column] = extra[key]
+    for (section, key), column in SCALARS.items():
+        value = (record.get(section) or {}).get(key)
+        if value is not None:
+            row[column] = value
     return row
 
 

@@ -1,8 +1,8 @@
 """Telemetry: the Reporter interface, step records and phase timing, idle attribution, energy
 meters, Prometheus metrics.
 
-Importing this package (or `asteria_core.telemetry.reporter`, which the runtime uses) does not
-import prometheus_client: `Telemetry` and the exporter load on first use.
+Importing this package (or `asteria_core.telemetry.reporter`, which the runtime uses) loads no
+prometheus_client: `Telemetry` and the exporter load on first use.
 """
 
 from __future__ import annotations

@@ -9,22 +9,26 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from dashboard import series
 
 
-def record(step: int, *, eval_loss=None, extra=None) -> dict:
+def record(step: int, *, eval_loss=None, **sections) -> dict:
     """A step record shaped like GET /runs/{id}/steps answers (docs/metrics.md)."""
     return {"step": step, "time": 1000.0 + 0.01 * step, "loss": 5.0 - step * 1e-4,
             "eval_loss": eval_loss, "lr": 1e-3, "tokens": 128, "step_seconds": 0.01,
             "phase_seconds": {"data": 0.001, "forward": 0.004, "backward": 0.004,
                               "optimizer": 0.001, "boundary": 0.0},
-            "grad_norm": 1.0, "extra": extra or {}}
+            "grad_norm": 1.0, "policy_version": 1, "timing": None, "refresh": None,
+            "tiers": None, "energy": None, "extra": {}, **sections}
 
 
 def test_compact_flattens_telemetry_figures():
-    row = series.compact(record(3, extra={
-        "compute_seconds": {"forward": 0.003}, "idle_seconds": {"data_wait": 0.002},
-        "energy_joules": {"model": 1.5}, "tier_bytes": {"host": 10},
-        "tier_capacity_bytes": {"host": 20}, "staleness_max_steps": 2,
-        "staleness_bound_steps": 4, "refresh_queue_depth": 1, "refresh_background_load": 0.7,
-        "refresh_workers_busy_ratio": 0.5, "policy_version": 2}), 256)
+    row = series.compact(record(
+        3, policy_version=2,
+        timing={"compute_seconds": {"forward": 0.003}, "idle_seconds": {"data_wait": 0.002},
+                "device_busy_ratio": 0.9},
+        energy={"joules": {"model": 1.5}, "to_target_joules": None},
+        tiers={"bytes": {"host": 10}, "capacity_bytes": {"host": 20}, "prefetch_hit_ratio": None},
+        refresh={"staleness_max": 2, "staleness_bound": 4, "queue_depth": 1,
+                 "background_load": 0.7, "workers_busy_ratio": 0.5, "failures": 0,
+                 "inline_fallbacks": 0}), 256)
     assert row["tokens_total"] == 384
     assert row["phase_forward"] == 0.003 and "phase_data" not in row  # waits excluded
     assert (row["idle_data_wait"], row["joules_model"], row["tier_host"], row["cap_host"]) == \
@@ -55,7 +59,7 @@ def test_buffer_rejects_a_bad_shape():
 def test_frame_binned_and_energy():
     buf = series.StepBuffer()
     buf.extend([record(s, eval_loss=3.0 if s % 500 == 0 else None,
-                       extra={"energy_joules": {"model": 0.5 * s}}) for s in range(1, 3001)])
+                       energy={"joules": {"model": 0.5 * s}}) for s in range(1, 3001)])
     df = series.frame(buf)
     assert df["elapsed"].iloc[0] == pytest.approx(0.01)
     b = series.binned(df, 300)
@@ -115,7 +119,7 @@ def test_real_records_from_a_finished_run(http, finished_run):
 def test_power_is_taken_between_meter_readings():
     # The meter is read every 10 steps (0.1 s); 5 J per reading is 50 W, not spikes of 500 W.
     buf = series.StepBuffer()
-    buf.extend([record(s, extra={"energy_joules": {"rapl": 5.0 * (s // 10)}})
+    buf.extend([record(s, energy={"joules": {"rapl": 5.0 * (s // 10)}})
                 for s in range(1, 201)])
     e = series.energy(series.frame(buf))
     assert set(e["kind"]) == {"measured"}

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asteria_core.telemetry.core import Telemetry
-from asteria_core.train.config import TelemetryConfig
+from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.train.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -44,6 +44,8 @@ def telemetry_run(tmp_path):
         tele_config = TelemetryConfig(**{"energy_poll_seconds": 0.0, **(telemetry or {})})
         config = dataclasses.replace(config, telemetry=tele_config)
         trainer = Trainer(config, reporter=Telemetry(tele_config, nvml_lib=nvml_lib))
+        trainer.records = []  # every completed step record, in order
+        trainer.runtime.add_listener(trainer.records.append)
         built.append(trainer)
         return trainer
 

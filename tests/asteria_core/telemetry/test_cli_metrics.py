@@ -13,7 +13,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asteria_core.train.config import ConfigError, TelemetryConfig
+from asteria_core.telemetry.config import TelemetryConfig
+from asteria_core.validation import ConfigError
 
 TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
         "--model.block_size", "32", "--data.batch_size", "4", "--train.eval_batches", "2",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import asteria_core
 from asteria_core.telemetry.reporter import IDLE_CAUSES, TIERS
-from asteria_core.train.timing import PHASES
+from asteria_core.telemetry.timing import PHASES
 from tests.asteria_core.telemetry.conftest import families, samples, value
 from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml
 
@@ -34,7 +34,7 @@ def family_name(exposed: str, kind: str) -> str:
 def report_like_the_runtime(trainer):
     """A boundary hook reporting what refresh, tiers and policy will report, through the
     trainer's reporter (the real Telemetry)."""
-    reporter = trainer.reporter
+    reporter = trainer.runtime.reporter
 
     def hook(step: int) -> None:
         with reporter.wait("refresh_wait"):
@@ -52,7 +52,7 @@ def report_like_the_runtime(trainer):
         reporter.set_prefetch_hit_ratio(0.75)
         reporter.set_policy_version(1)
 
-    trainer.boundary_hooks.append(hook)
+    trainer.runtime.at_boundary(hook)
 
 
 def test_exposition_after_a_real_run_holds_every_contract_metric_with_type_and_labels(
@@ -96,7 +96,7 @@ def test_exposition_after_a_real_run_holds_every_contract_metric_with_type_and_l
     assert value(fams, "asteria_preconditioner_staleness_steps", "_count") == 18
     assert value(fams, "asteria_run_info", run_id=trainer.run_id, optimizer="adamw",
                  mode="native") == 1
-    assert value(fams, "asteria_eval_loss") == trainer.telemetry.history.latest().eval_loss
+    assert value(fams, "asteria_eval_loss") == trainer.records[-1].eval_loss
 
 
 def test_each_telemetry_has_its_own_registry(telemetry_run):

@@ -10,7 +10,7 @@ import pytest
 from asteria_core.telemetry.core import Telemetry
 from asteria_core.telemetry.energy import EnergyMonitor, RaplMeter
 from asteria_core.telemetry.nvml import NvmlMeter
-from asteria_core.train.config import TelemetryConfig
+from asteria_core.telemetry.config import TelemetryConfig
 from tests.asteria_core.telemetry.conftest import families, samples, value
 from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml
 
@@ -37,7 +37,7 @@ def test_nvml_is_really_absent_on_this_machine_so_no_energy_series_and_availabil
     assert samples(fams["asteria_gpu_memory_used_bytes"]) == []
     assert samples(fams["asteria_device_busy_ratio"], source="nvml") == []
     assert value(fams, "asteria_energy_source_available", source="nvml") == 0
-    assert "energy_joules" not in trainer.telemetry.history.latest().extra
+    assert trainer.records[-1].energy is None
     why = [r.getMessage() for r in caplog.records if "nvml unavailable" in r.getMessage()]
     assert len(why) == 1 and "NVML" in why[0], why
 
@@ -62,7 +62,7 @@ def test_fake_nvml_with_known_counters_gives_the_exact_joules(telemetry_run, mon
     def burn(step):  # the GPU's counter advances a known 1234 mJ per step
         gpu.energy_mj += 1234
 
-    trainer.boundary_hooks.append(burn)
+    trainer.runtime.at_boundary(burn)
     trainer.train(progress=False)
     fams = families(trainer.telemetry)
     joules = value(fams, "asteria_energy_joules", "_total", device="cuda:0", source="nvml")
@@ -73,8 +73,8 @@ def test_fake_nvml_with_known_counters_gives_the_exact_joules(telemetry_run, mon
     assert value(fams, "asteria_gpu_memory_capacity_bytes", device="cuda:0") == 80 << 30
     assert value(fams, "asteria_energy_source_available", source="nvml") == 1
     assert value(fams, "asteria_joules_per_token", source="nvml") == (12_340 / 1000) / (10 * 128)
-    records = trainer.telemetry.history.records_since(0)
-    assert [r.extra["energy_joules"]["nvml"] for r in records] == \
+    records = trainer.records
+    assert [r.energy.joules["nvml"] for r in records] == \
         [1234 * s / 1000 for s in range(1, 11)]
     trainer.close()
     assert nvml.shutdowns == 1
@@ -159,12 +159,12 @@ def test_energy_to_target_loss_is_set_once_when_eval_loss_first_reaches_it(telem
     trainer = telemetry_run(steps=9, eval_interval=3, telemetry={
         "nvml": False, "rapl": False, "model_cpu_watts": 15.0, "target_loss": 100.0})
     trainer.train(progress=False)
-    records = trainer.telemetry.history.records_since(0)
-    hits = [r for r in records if "energy_to_target_joules" in r.extra]
+    records = trainer.records
+    hits = [r for r in records if r.energy.to_target_joules is not None]
     assert [r.step for r in hits] == [3]  # the first evaluation is below 100; later ones too
     fams = families(trainer.telemetry)
     assert value(fams, "asteria_energy_to_target_joules", source="model") == \
-        hits[0].extra["energy_to_target_joules"]["model"]
+        hits[0].energy.to_target_joules["model"]
     assert value(fams, "asteria_target_eval_loss") == 100.0
 
 

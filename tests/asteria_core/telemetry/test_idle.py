@@ -8,13 +8,13 @@ import pytest
 
 from asteria_core.telemetry.idle import WaitLedger, breakdown
 from asteria_core.telemetry.reporter import IDLE_CAUSES, WAIT_CAUSES
-from asteria_core.train.timing import PHASES
+from asteria_core.telemetry.timing import PHASES
 from tests.asteria_core.telemetry.conftest import NO_METERS, families, value
 
 
 def add_real_waits(trainer):
     """Real parts blocking the training thread inside three phases, reported by cause."""
-    reporter = trainer.reporter
+    reporter = trainer.runtime.reporter
 
     def in_forward(module, args):
         if module.training:  # evaluation forwards are outside any step
@@ -31,17 +31,17 @@ def add_real_waits(trainer):
 
     trainer.model.register_forward_pre_hook(in_forward)
     trainer.optimizer.register_step_pre_hook(in_optimizer)
-    trainer.boundary_hooks.append(at_boundary)
+    trainer.runtime.at_boundary(at_boundary)
 
 
 def test_phases_plus_idle_causes_sum_to_step_wall_time_within_5_percent(telemetry_run):
     trainer = telemetry_run(steps=12, eval_interval=6, telemetry=NO_METERS)
     add_real_waits(trainer)
     trainer.train(progress=False)
-    records = trainer.telemetry.history.records_since(0)
+    records = trainer.records
     assert [r.step for r in records] == list(range(1, 13))
     for r in records:
-        compute, idle = r.extra["compute_seconds"], r.extra["idle_seconds"]
+        compute, idle = r.timing.compute_seconds, r.timing.idle_seconds
         assert set(compute) == set(PHASES) and set(idle) == set(IDLE_CAUSES)
         total = sum(compute.values()) + sum(idle.values())
         assert abs(total - r.step_seconds) <= 0.05 * r.step_seconds, (r.step, total)
@@ -53,7 +53,7 @@ def test_phases_plus_idle_causes_sum_to_step_wall_time_within_5_percent(telemetr
             assert compute[phase] == pytest.approx(max(0.0, r.phase_seconds[phase] -
                                                        idle[cause]), abs=1e-12)
         assert compute["backward"] == r.phase_seconds["backward"]
-        assert r.extra["device_busy_ratio"] == pytest.approx(
+        assert r.timing.device_busy_ratio == pytest.approx(
             sum(compute.values()) / r.step_seconds)
 
     # The exported counters add up the same way over the run.
@@ -65,7 +65,7 @@ def test_phases_plus_idle_causes_sum_to_step_wall_time_within_5_percent(telemetr
     wall_total = value(fams, "asteria_step_seconds", "_sum")
     assert abs(phase_total + idle_total - wall_total) <= 0.05 * wall_total
     assert value(fams, "asteria_device_idle_seconds", "_total", cause="refresh_wait") == \
-        pytest.approx(sum(r.extra["idle_seconds"]["refresh_wait"] for r in records))
+        pytest.approx(sum(r.timing.idle_seconds["refresh_wait"] for r in records))
 
 
 def test_breakdown_subtracts_waits_from_their_phase_and_derives_other():
@@ -90,7 +90,7 @@ def test_waits_outside_a_step_go_to_the_idle_counter_but_into_no_step():
 
 
 def test_unknown_causes_and_tiers_are_rejected(telemetry_run):
-    reporter = telemetry_run(steps=1, telemetry=NO_METERS).reporter
+    reporter = telemetry_run(steps=1, telemetry=NO_METERS).runtime.reporter
     with pytest.raises(ValueError, match="cause"):
         reporter.add_wait("other", 1.0)  # derived, never reported
     with pytest.raises(ValueError, match="cause"), reporter.wait("coffee_break"):

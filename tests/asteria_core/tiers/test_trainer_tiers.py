@@ -28,7 +28,7 @@ def disk_policy(config, w):
 
 def working_set(config) -> int:
     probe = Trainer(config, run_id="probe", jsonl=False)
-    w = probe.tiers.plan.slot_bytes
+    w = probe.runtime.tiers.plan.slot_bytes
     probe.close()
     return w
 
@@ -42,14 +42,14 @@ def test_resume_with_a_different_placement_matches_the_straight_run(tiny):
     first = Trainer(dataclasses.replace(config, policy=disk_policy(config, w)), run_id="disk",
                     jsonl=False)
     part = first.train(stop_at=11, progress=False)  # refreshes in flight at the stop
-    assert first.tiers.tier_bytes()["disk"] > 0
+    assert first.runtime.tiers.tier_bytes()["disk"] > 0
     first.close()
     resume = dataclasses.replace(config, train=dataclasses.replace(
         config.train, resume=str(part.run_dir / ckpt.CHECKPOINT_NAME)))
     host = dataclasses.replace(config.policy, offload_mode="host", device_budget_bytes=w)
     resumed = Trainer(resume, jsonl=False, policy=LivePolicy(host))
     rest = resumed.train(progress=False)
-    assert resumed.tiers.tier_bytes()["host"] > 0
+    assert resumed.runtime.tiers.tier_bytes()["host"] > 0
     resumed.close()
     assert part.train_losses + rest.train_losses == full.train_losses
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
@@ -63,13 +63,13 @@ def test_a_corrupt_disk_file_stops_the_run_and_keeps_the_last_good_checkpoint(ti
 
     def corrupt(step: int) -> None:
         if step == 13:
-            trainer.tiers._drain()
+            trainer.runtime.tiers._drain()
             victim = sorted(trainer.run_dir.joinpath("tiers").glob("*.bin"))[-1]
             victim.write_bytes(victim.read_bytes()[:-4096])  # truncated
 
-    trainer.boundary_hooks.append(corrupt)
+    trainer.runtime.at_boundary(corrupt)
     with pytest.raises(TierFileError, match=r"tiers/p\d+\..*\.bin.*truncated"):
         trainer.train(progress=False)
-    trainer.tiers._errors.clear()
+    trainer.runtime.tiers._errors.clear()
     trainer.close()
     assert ckpt.load(trainer.run_dir / ckpt.CHECKPOINT_NAME)["step"] == 10

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from asteria_core.train import checkpoint as ckpt
-from asteria_core.train.timing import PHASES
+from asteria_core.telemetry.timing import PHASES
 from asteria_core.train.trainer import Trainer
 
 
@@ -41,7 +41,7 @@ def test_stop_at_250_and_resume_matches_uninterrupted_bit_for_bit(tiny):
 def test_training_reduces_loss_and_records_every_step(tiny):
     trainer = Trainer(tiny(steps=60, eval_interval=30))
     seen = []
-    trainer.record_sinks.append(seen.append)
+    trainer.runtime.add_listener(seen.append)
     result = trainer.train(progress=False)
     trainer.close()
     assert [r.step for r in seen] == list(range(1, 61))
@@ -60,7 +60,7 @@ def test_training_reduces_loss_and_records_every_step(tiny):
 def test_boundary_hooks_run_once_per_step_after_the_update(tiny):
     trainer = Trainer(tiny(steps=5), jsonl=False)
     calls = []
-    trainer.boundary_hooks.append(lambda step: calls.append((step, trainer.step)))
+    trainer.runtime.at_boundary(lambda step: calls.append((step, trainer.step)))
     trainer.train(progress=False)
     assert calls == [(s, s) for s in range(1, 6)]
 
@@ -85,7 +85,7 @@ def test_train_cpus_pins_the_training_thread_only(tiny):
 
 def test_request_stop_ends_at_a_boundary_with_a_checkpoint(tiny):
     trainer = Trainer(tiny(steps=50), jsonl=False)
-    trainer.boundary_hooks.append(lambda step: step == 7 and trainer.request_stop())
+    trainer.runtime.at_boundary(lambda step: step == 7 and trainer.request_stop())
     result = trainer.train(progress=False)
     assert result.step == 7 and result.stopped_early
     assert ckpt.load(result.run_dir / ckpt.CHECKPOINT_NAME)["step"] == 7
@@ -145,4 +145,4 @@ def test_second_order_run_resumes_bit_for_bit_with_refreshes_in_flight(tiny, nam
     rest = resumed.train(progress=False)
     resumed.close()
     assert part.train_losses + rest.train_losses == full.train_losses
-    assert straight.refresh.failures == 0 and resumed.refresh.failures == 0
+    assert straight.runtime.refresh.failures == 0 and resumed.runtime.refresh.failures == 0
