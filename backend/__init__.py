@@ -1,8 +1,18 @@
 """The control plane: a FastAPI app over a run store, for launched or attached runs.
 
-`backend.serve(runtime)` serves a user's own training script (see backend/serve.py).
+`backend.serve(runtime)` serves a user's own training script (see backend/attach.py). It loads
+on first use, so `import backend.cli` (the `asteria` command) loads no web stack for `train`.
 """
 
-from backend.serve import ControlPlane, serve
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["ControlPlane", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("backend.attach"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
