@@ -1,5 +1,5 @@
 """Tiered optimizer state: device, host and disk homes under byte budgets, prefetched ahead of
-use (DESIGN.md, "Tiered optimizer state")."""
+use (docs/architecture.md, "The three runtime ideas")."""
 
 from asteria_core.tiers.disk import DiskTier, TierFileError
 from asteria_core.tiers.lifecycle import BACKGROUND, CLASSES, COLD, READ, WRITTEN, Entry
