@@ -1,47 +1,87 @@
-"""HTTP schemas: explicit, separate from the core dataclasses and the storage rows."""
+"""HTTP schemas, separate from the storage rows.
+
+The policy and run config bodies are generated from the core's own descriptions (the policy's
+field metadata, the config dataclasses), so a field is written once and the OpenAPI document
+follows it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
+
+from asteria_core.policy import AUTO, PolicyField, policy_fields
+from backend.config_schema import run_config_model
 
 RunStatus = Literal["running", "paused", "finished", "stopped", "failed", "interrupted"]
+CROSS_FIELD_RULES = ("swap_delay <= staleness_bound unless swap_delay is \"auto\"; "
+                     "workers >= 1 when swap_mode is opportunistic")
 
 
-class PolicyUpdate(BaseModel):
-    """A partial policy: only the fields to change. Unknown fields are rejected."""
+def _policy_type(field: PolicyField) -> Any:
+    """The strict pydantic type of one policy field: no true for 1, no "5" for 5."""
+    integer = Annotated[StrictInt, Field(ge=field.minimum, le=field.maximum)]
+    match field.kind:
+        case "int":
+            return integer
+        case "auto_or_int":
+            return Literal[AUTO] | integer
+        case "choice":
+            return Literal[field.choices]
+        case "bool":
+            return StrictBool
+        case "str":
+            return Annotated[StrictStr, Field(max_length=field.max_length)]
+    raise ValueError(f"{field.name}: unknown policy field kind {field.kind!r}")
 
-    model_config = ConfigDict(extra="forbid")
 
-    refresh_interval: int | None = Field(default=None, ge=1, le=1_000_000)
-    staleness_bound: int | None = Field(default=None, ge=0, le=1_000_000)
-    swap_delay: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["auto"] | None = Field(
-        default=None, description='d <= staleness_bound, or "auto" (d follows the bound)')
-    swap_mode: Literal["deterministic", "opportunistic"] | None = None
-    workers: int | None = Field(default=None, ge=0, le=256)
-    worker_threads: int | None = Field(default=None, ge=1, le=256)
-    worker_kind: Literal["thread", "process"] | None = None
-    worker_nice: int | None = Field(default=None, ge=0, le=19)
-    refresh_timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
-    priority: Literal["stale_then_cost", "fifo"] | None = None
-    pace: bool | None = None
-    failure_limit: int | None = Field(default=None, ge=1, le=1_000_000)
-    device_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)
-    host_budget_bytes: int | None = Field(default=None, ge=0, le=2**53)
-    disk_dir: str | None = Field(default=None, max_length=4096)
-    offload_mode: Literal["none", "host", "disk", "auto"] | None = None
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # an omitted field keeps its value; it does not take null
+
+
+def policy_update_model(fields: Iterable[PolicyField] | None = None, *,
+                        name: str = "PolicyUpdate", patch: bool = True) -> type[BaseModel]:
+    """A partial policy built from the policy's own field descriptions (`policy_fields()` by
+    default): every field optional, typed strictly, unknown fields refused.
+
+    patch: a change of the policy in force (at least one field; omitted fields keep their
+    values); else a run's initial policy (omitted fields take the default shown).
+    """
+    fields = policy_fields() if fields is None else tuple(fields)
+    model_fields = {
+        f.name: (_policy_type(f), Field(
+            default=None, title=f.title, description=f.help,
+            json_schema_extra=_no_default if patch else {"default": f.default}))
+        for f in fields}
+    if patch:
+        about = ("A partial policy: only the fields to change (at least one). The change is "
+                 "validated whole against the policy it applies to: " + CROSS_FIELD_RULES + ".")
+        extra = {"minProperties": 1}
+    else:
+        about = "Initial policy fields; omitted fields take their defaults."
+        extra = {}
+    config = ConfigDict(extra="forbid", json_schema_extra=extra)
+    return create_model(name, __config__=config, __doc__=about, **model_fields)
+
+
+PolicyUpdate = policy_update_model()
+"""The PATCH body of /runs/{id}/policy; dump it with exclude_unset (null is not a value)."""
+RunPolicy = policy_update_model(name="RunPolicy", patch=False)
+RunConfigSections = run_config_model(RunPolicy)
 
 
 class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    config: dict[str, dict[str, Any]] = Field(
-        default_factory=dict,
-        description="Config sections (model, optim, data, train) as in a config file; "
-                    "omitted keys take their defaults.")
-    policy: PolicyUpdate = Field(default_factory=PolicyUpdate,
-                                 description="Initial policy fields; omitted take defaults.")
+    config: RunConfigSections = Field(
+        default_factory=RunConfigSections,
+        description="Config sections (model, optim, data, train, policy, telemetry) as in a "
+                    "config file; omitted keys take their defaults.")
+    policy: RunPolicy = Field(default_factory=RunPolicy,
+                              description="Initial policy fields, applied over config.policy; "
+                                          "omitted take defaults.")
 
 
 class RunPublic(BaseModel):

@@ -24,7 +24,7 @@ def get_policy(run_id: str, manager: Manager) -> PolicyPublic:
                              401: {"description": "missing or wrong token"}})
 def patch_policy(run_id: str, body: PolicyUpdate, manager: Manager,
                  client: Client) -> PolicyAccepted:
-    changes = body.model_dump(exclude_none=True)
+    changes = body.model_dump(exclude_unset=True)
     if not changes:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             [{"loc": ["body"], "msg": "no fields to change",

@@ -24,8 +24,9 @@ COMMAND_DETAIL = {
              responses={409: {"description": "a run is already active"},
                         401: {"description": "missing or wrong token"}})
 def create_run(body: RunCreate, manager: Manager, _client: Client) -> RunPublic:
-    config = config_from_dict(body.config)  # ConfigError -> 422 naming the key
-    changes = body.policy.model_dump(exclude_none=True)
+    # only the keys sent: omitted ones take their defaults in config_from_dict
+    config = config_from_dict(body.config.model_dump(exclude_unset=True))  # ConfigError -> 422
+    changes = body.policy.model_dump(exclude_unset=True)
     policy = dataclasses.replace(config.policy, **changes)  # PolicyError -> 422
     return RunPublic.model_validate(manager.start(config, policy))
 

@@ -49,6 +49,13 @@ def test_patch_mid_run_shows_in_step_records_from_the_reported_step(client, run_
         ({"swap_delay": 50}, "swap_delay"),  # > staleness_bound: a cross-field rule
         ({"swap_mode": "opportunistic", "workers": 0}, "workers"),
         ({"workers": 1.5}, "workers"),
+        # strict JSON types: no bool for an integer, no string for a number, no 1 for true
+        ({"refresh_interval": True}, "refresh_interval"),
+        ({"staleness_bound": "5"}, "staleness_bound"),
+        ({"pace": 1}, "pace"),
+        ({"swap_delay": True}, "swap_delay"),
+        ({"workers": 2.0}, "workers"),
+        ({"disk_dir": None}, "disk_dir"),  # null is not "unchanged": omit the field instead
     ],
 )
 def test_invalid_policy_is_rejected_naming_the_field_and_nothing_changes(client, run_id, body,
@@ -71,6 +78,8 @@ def test_malformed_and_oversized_bodies(server, client, run_id):
     assert r.status_code == 422
     r = client.patch(url, json={})
     assert r.status_code == 422 and "no fields to change" in r.text
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["PolicyUpdate"]
+    assert schema["minProperties"] == 1  # the rule above, stated in the document
     big = json.dumps({"disk_dir": "x" * (server.settings.max_body_bytes + 10)})
     r = client.patch(url, content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413

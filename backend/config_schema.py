@@ -1,0 +1,79 @@
+"""The run config of `POST /runs` as pydantic models, derived from the config dataclasses.
+
+Sections are the fields of `RunConfig` (as `config_from_dict` reads them); each key's type and
+default come from its dataclass, its description from the attribute docstring written under it
+(read from the source with `ast`). The models give the OpenAPI document every key and strict
+JSON types; the values themselves are still validated by `config_from_dict` (ConfigError ->
+422 naming the key), which also refuses unknown keys, listing the allowed ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import create_model as pydantic_create_model
+
+from asteria_core.policy import Policy
+from asteria_core.train.config import RunConfig
+
+_STRICT = {bool: StrictBool, int: StrictInt, float: Annotated[float, Strict()], str: StrictStr}
+"""JSON types as the config loader takes them: no "5" for 5, no true for 1; an integer is a
+number (strict floats accept ints)."""
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """{field: docstring} from the string literal written right after each field of `cls`."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+    docs = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def json_type(tp: Any) -> Any:
+    """The strict pydantic type for a config annotation (bool, int, float, str, tuples, unions)."""
+    if isinstance(tp, types.UnionType):
+        return typing.Union[tuple(json_type(a) for a in typing.get_args(tp))]  # noqa: UP007
+    if typing.get_origin(tp) is tuple:  # a JSON array: lax outer tuple, strict members
+        return tuple[tuple(json_type(a) for a in typing.get_args(tp))]
+    return _STRICT[tp]
+
+
+def section_model(cls: type) -> type[BaseModel]:
+    """Every key of one config section, optional (omitted keys take the default shown)."""
+    hints, docs = typing.get_type_hints(cls), attribute_docs(cls)
+    fields = {f.name: (json_type(hints[f.name]), Field(default=f.default,
+                                                       description=docs.get(f.name)))
+              for f in dataclasses.fields(cls)}
+    # Unknown keys pass through to config_from_dict, whose 422 lists the allowed keys; the
+    # document still says there are none.
+    config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+    return pydantic_create_model(cls.__name__, __config__=config, __doc__=inspect.getdoc(cls),
+                                 **fields)
+
+
+def run_config_model(policy_model: type[BaseModel]) -> type[BaseModel]:
+    """The `config` of POST /runs: one optional object per section of `RunConfig`; the policy
+    section takes `policy_model` (its fields are described by `Policy`, not by docstrings)."""
+    hints, docs = typing.get_type_hints(RunConfig), attribute_docs(RunConfig)
+    sections = {}
+    for f in dataclasses.fields(RunConfig):
+        cls = hints[f.name]
+        model = policy_model if cls is Policy else section_model(cls)
+        about = docs.get(f.name) or inspect.getdoc(cls)
+        sections[f.name] = (model, Field(default_factory=model, description=about))
+    return pydantic_create_model(
+        "RunConfigSections", __config__=ConfigDict(extra="forbid"),
+        __doc__="Config sections as in a config file; omitted sections and keys take their "
+                "defaults.", **sections)
