@@ -71,6 +71,15 @@ def _field(loc: list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+def without_field(field: str, message: str) -> str:
+    """`message` without a leading "<field>: " (the policy's and the config's errors name their
+    field, and a page that shows the field already would repeat it)."""
+    head, sep, rest = message.partition(": ")
+    if sep and (head == field or field.endswith("." + head)):
+        return rest
+    return message
+
+
 def _detail(response: httpx.Response) -> Any:
     try:
         return response.json().get("detail", response.text)
@@ -88,7 +97,7 @@ def _raise_for(response: httpx.Response, what: str) -> None:
                            "in the sidebar, or ASTERIA_TOKEN / ASTERIA_TOKEN_FILE.", code)
     if code == 422 and isinstance(detail, list):
         errors = [(_field(e.get("loc", [])), str(e.get("msg", e))) for e in detail]
-        text = "; ".join(f"{f}: {m}" for f, m in errors)
+        text = "; ".join(f"{f}: {without_field(f, m)}" for f, m in errors)
         raise Invalid(f"{what}: rejected (422): {text}", errors)
     text = detail if isinstance(detail, str) else str(detail)
     kind = {404: NotFound, 409: Conflict}.get(code, ApiError)
@@ -149,6 +158,10 @@ class Client:
 
     def metrics(self) -> str:
         return self._call("GET", "/metrics", "metrics").text
+
+    def openapi(self) -> dict[str, Any]:
+        """The control plane's OpenAPI document (the policy form is built from it)."""
+        return self._json("GET", "/openapi.json", "API description")
 
     # ------------------------------------------------------------------ writes (token)
     def start_run(self, config: dict[str, dict[str, Any]],

@@ -5,28 +5,82 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import state
-from dashboard.client import ACTIVE, ApiError, Invalid, Unauthorized, Unreachable
+from dashboard.client import (
+    ACTIVE,
+    ApiError,
+    Invalid,
+    Unauthorized,
+    Unreachable,
+    without_field,
+)
 
 log = logging.getLogger(__name__)
-# (field, label, choices; None for an integer, AUTO_OR_INT for "auto" or an integer); the names
-# are the API's.
-AUTO_OR_INT = "auto or an integer"
-POLICY_FIELDS = (
-    ("staleness_bound", "Staleness bound S (steps)", None),
-    ("swap_delay", 'Swap delay d (steps, at most S; "auto" = S)', AUTO_OR_INT),
-    ("swap_mode", "Swap mode", ("deterministic", "opportunistic")),
-    ("refresh_interval", "Refresh interval (steps)", None),
-    ("workers", "Refresh workers (0 = inline)", None),
-    ("offload_mode", "Offload mode", ("none", "host", "disk", "auto")),
-    ("device_budget_bytes", "Device tier budget (bytes, 0 = no limit)", None),
-    ("host_budget_bytes", "Host tier budget (bytes, 0 = no limit)", None),
-)
+POLICY_SCHEMA = "PolicyUpdate"
+"""The OpenAPI component of the policy PATCH body: the form's fields, labels and widgets."""
+FRONT = ("staleness_bound", "swap_delay", "swap_mode", "refresh_interval", "workers",
+         "offload_mode", "device_budget_bytes", "host_budget_bytes")
+"""Fields shown first; every other field of the schema goes under "Advanced"."""
+MAX_SAFE_INT = 2**53 - 1
+"""The largest integer a number input takes (a JavaScript number holds it exactly)."""
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One policy field as the form shows it, read from the API's schema."""
+
+    name: str
+    label: str
+    help: str
+    widget: str
+    """number | select | checkbox | text | word_or_int (one of `words`, or an integer)."""
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[Any, ...] = ()
+    words: tuple[str, ...] = ()
+    max_length: int | None = None
+
+
+def form_fields(openapi: dict[str, Any]) -> tuple[FormField, ...]:
+    """The policy form's fields, in the schema's order, from an OpenAPI document."""
+    schemas = openapi.get("components", {}).get("schemas", {})
+    props = _resolve(schemas.get(POLICY_SCHEMA, {}), schemas).get("properties", {})
+    return tuple(_form_field(name, _resolve(prop, schemas)) for name, prop in props.items())
+
+
+def _resolve(schema: dict[str, Any], schemas: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref", "")
+    return schemas.get(ref.rsplit("/", 1)[-1], {}) if ref else schema
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)  # FastAPI writes bounds as floats
+
+
+def _form_field(name: str, prop: dict[str, Any]) -> FormField:
+    field = FormField(name, prop.get("title") or name, prop.get("description", ""), "text",
+                      max_length=prop.get("maxLength"))
+    bounds = {"minimum": _int(prop.get("minimum")), "maximum": _int(prop.get("maximum"))}
+    if "enum" in prop:
+        return replace(field, widget="select", choices=tuple(prop["enum"]))
+    if prop.get("type") == "boolean":
+        return replace(field, widget="checkbox")
+    if prop.get("type") == "integer":
+        return replace(field, widget="number", **bounds)
+    options = prop.get("anyOf", ())
+    integers = [o for o in options if o.get("type") == "integer"]
+    words = tuple(w for o in options for w in ([o["const"]] if "const" in o else o.get("enum", ())))
+    if integers and words:  # such as swap_delay: "auto" or an integer
+        return replace(field, widget="word_or_int", words=words,
+                       minimum=_int(integers[0].get("minimum")),
+                       maximum=_int(integers[0].get("maximum")))
+    return field  # a string, or a type the form does not know: typed as text
 
 
 def banner(err: ApiError) -> None:
@@ -111,36 +165,34 @@ def _answer(run_id: str) -> None:
         st.success(f"Accepted: policy **version {payload['version']}**, takes effect at "
                    f"**step {payload['effective_step']}** ({diff}).", icon=":material/check:")
     elif kind == "invalid":
-        lines = "\n".join(f"- `{field}`: {msg}" for field, msg in payload)
+        lines = "\n".join(f"- `{field}`: {without_field(field, msg)}" for field, msg in payload)
         st.error(f"The control plane rejected the change (422), the policy is unchanged:\n"
                  f"{lines}", icon=":material/block:")
 
 
 def policy_form(run: dict[str, Any]) -> None:
-    """Current against new values of the live policy; one PATCH per submit."""
+    """Current against new values of the live policy; one PATCH per submit. The fields, their
+    labels and widgets come from the control plane's schema of the PATCH body."""
     base, run_id = state.url(), run["id"]
     pol = state.policy(base, run_id)
     newest, version = _newest(pol)
+    fields = [f for f in form_fields(state.openapi(base)) if f.name in newest]
+    if not fields:
+        st.warning(f"The control plane's API description has no `{POLICY_SCHEMA}` schema: the "
+                   "policy cannot be edited here.", icon=":material/warning:")
+        return
+    front = sorted((f for f in fields if f.name in FRONT), key=lambda f: FRONT.index(f.name))
+    advanced = [f for f in fields if f.name not in FRONT]
     active = run["status"] in ACTIVE
     pending = ", ".join(f"v{c['version']} at step {c['effective_step']}" for c in pol["pending"])
     st.caption(f"Policy version {pol['version']} in force" + (f"; queued: {pending}" if pending
                                                                else "") + ".")
     values: dict[str, Any] = {}
     with st.form(key=f"policy_form_{run_id}_{version}"):
-        cols = st.columns(4)
-        for i, (field, label, choices) in enumerate(POLICY_FIELDS):
-            with cols[i % 4]:
-                key, now = f"pf_{field}_{run_id}_{version}", newest[field]
-                if choices is None:
-                    values[field] = st.number_input(label, value=int(now), step=1, key=key,
-                                                    disabled=not active)
-                elif choices == AUTO_OR_INT:
-                    text = st.text_input(label, value=str(now), key=key, disabled=not active)
-                    values[field] = _auto_or_int(text)
-                else:
-                    values[field] = st.selectbox(label, choices, index=choices.index(now),
-                                                 key=key, disabled=not active)
-                st.caption(f"current: `{now}`")
+        _field_grid(front, newest, values, f"{run_id}_{version}", active)
+        if advanced:
+            with st.expander(f"Advanced ({len(advanced)} more fields)"):
+                _field_grid(advanced, newest, values, f"{run_id}_{version}", active)
         sent = st.form_submit_button("Apply policy change", type="primary",
                                      disabled=not active, key=f"pf_submit_{run_id}")
     if not active:
@@ -150,9 +202,42 @@ def policy_form(run: dict[str, Any]) -> None:
     _answer(run_id)
 
 
-def _auto_or_int(text: str) -> int | str:
-    """An integer when the text is one; else the text as typed (the API names what it allows)."""
+def _field_grid(fields: list[FormField], newest: dict[str, Any], values: dict[str, Any],
+                suffix: str, active: bool) -> None:
+    """Fields in four columns, each with its current value under it; fills `values`."""
+    cols = st.columns(4)
+    for i, field in enumerate(fields):
+        with cols[i % 4]:
+            now = newest[field.name]
+            values[field.name] = _widget(field, now, f"pf_{field.name}_{suffix}", not active)
+            st.caption(f"current: `{now}`")
+
+
+def _widget(field: FormField, now: Any, key: str, disabled: bool) -> Any:
+    """The input for one field, by its type; returns the value it holds."""
+    kw = {"key": key, "disabled": disabled, "help": field.help or None}
+    match field.widget:
+        case "number":
+            top = MAX_SAFE_INT if field.maximum is None else min(field.maximum, MAX_SAFE_INT)
+            return st.number_input(field.label, value=int(now), min_value=field.minimum,
+                                   max_value=top, step=1, **kw)
+        case "select":
+            index = field.choices.index(now) if now in field.choices else 0
+            return st.selectbox(field.label, field.choices, index=index, **kw)
+        case "checkbox":
+            return st.checkbox(field.label, value=bool(now), **kw)
+        case "word_or_int":
+            hint = " or ".join((*field.words, "an integer"))
+            text = st.text_input(field.label, value=str(now), placeholder=hint, **kw)
+            return _word_or_int(text, field.words)
+    return st.text_input(field.label, value=str(now), max_chars=field.max_length, **kw)
+
+
+def _word_or_int(text: str, words: tuple[str, ...]) -> int | str:
+    """One of `words`, an integer, or the text as typed (the API names what it allows)."""
     text = text.strip()
+    if text in words:
+        return text
     try:
         return int(text)
     except ValueError:

@@ -20,6 +20,8 @@ from dashboard.client import DEFAULT_URL, Client
 from dashboard.series import StepBuffer
 
 TTL = 2.0
+SCHEMA_TTL = 60.0
+"""The API description changes only with the server's version: fetched once a minute at most."""
 PAGE = 2000
 MAX_PAGES = 5
 """Step pages fetched per refresh: a long run's history loads over a few refreshes."""
@@ -91,6 +93,11 @@ def history(base: str, run_id: str) -> list[dict[str, Any]]:
 @st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
 def metrics(base: str) -> str:
     return Client(base).metrics()
+
+
+@st.cache_data(ttl=SCHEMA_TTL, max_entries=16, show_spinner=False)
+def openapi(base: str) -> dict[str, Any]:
+    return Client(base).openapi()
 
 
 @st.cache_data(ttl=TTL, max_entries=64, show_spinner=False)
