@@ -40,7 +40,7 @@ LAYOUTS = ("pinned", "shared")
 
 
 def start_server(port: int, data_dir: str, layout: str, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "asteria_core.cli", "serve", "--port", str(port),
+    cmd = [sys.executable, "-m", "backend.cli", "serve", "--port", str(port),
            "--data-dir", data_dir, "--train.steps", "1000000", "--train.threads", "1",
            "--train.eval_interval", "100000", *extra]
     if os.cpu_count() and os.cpu_count() >= 2:

@@ -9,8 +9,8 @@ relative (resolved), or `importlib.import_module("a.literal")`. The rules:
 - inside asteria_core each subpackage (or top module) has a rank in `RANKS`; a module imports its
   own subpackage and lower ranks only (so two of one rank never import each other). The package
   root (asteria_core/__init__.py, the public API) re-exports runtime and what is below it, and
-  nothing inside asteria_core imports the root back (`import asteria_core`, `from asteria_core
-  import X` where X is not a submodule).
+  nothing inside asteria_core below the adapters of rank 5 (integrations, cli) imports the root
+  back (`import asteria_core`, `from asteria_core import X` where X is not a submodule).
 - the optimizer math (asteria_core.optim) imports no threading, multiprocessing or
   torch.distributed.
 - no import cycle between the top-level packages, and none between asteria_core's subpackages.
@@ -55,8 +55,10 @@ RANKS = {
     "asteria_core.cli": 5,
     "asteria_core.integrations": 5,
 }
-# The package root re-exports the public API: runtime and what is below it.
+# The package root re-exports the public API: runtime and what is below it. The adapters of rank
+# 5 (integrations, cli) use that public API like any user's script; no lower rank imports it.
 ROOT_MAX_RANK = RANKS["asteria_core.runtime"]
+ROOT_USERS_MIN_RANK = 5
 
 
 @dataclass(frozen=True, order=True)
@@ -221,7 +223,8 @@ def core_layers(imports: list[Import]) -> Iterator[str]:
         if src == dst or CORE not in (src, dst) and (src not in RANKS or dst not in RANKS):
             continue
         if dst == CORE:
-            yield f"{i}: nothing inside asteria_core imports the package root"
+            if RANKS.get(src, 0) < ROOT_USERS_MIN_RANK:
+                yield f"{i}: nothing inside asteria_core imports the package root"
         elif src == CORE:
             if RANKS[dst] > ROOT_MAX_RANK:
                 yield f"{i}: the package root re-exports runtime and below, not {dst}"
