@@ -9,15 +9,10 @@ from fastapi import Depends, HTTPException, Request, status
 
 from backend.auth import token_matches
 from backend.runs import RunManager
-from backend.store import RunStore
 
 
 async def get_manager(request: Request) -> RunManager:
     return request.app.state.manager
-
-
-async def get_store(request: Request) -> RunStore:
-    return request.app.state.store
 
 
 async def require_token(request: Request) -> str:
@@ -31,5 +26,4 @@ async def require_token(request: Request) -> str:
 
 
 Manager = Annotated[RunManager, Depends(get_manager)]
-Store = Annotated[RunStore, Depends(get_store)]
 Client = Annotated[str, Depends(require_token)]

@@ -46,8 +46,10 @@ from pathlib import Path
 
 import torch
 
-from asteria_core.cli import resolve_config
-from asteria_core.train.trainer import Trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from asteria_core.cli import resolve_config  # noqa: E402
+from asteria_core.train.trainer import Trainer  # noqa: E402
+from benchmarks.pausable import make_pausable  # noqa: E402
 
 INTERVAL = 10  # steps between refreshes, and the length of one round-robin turn
 MODEL = ["--model.n_embd", "256", "--model.n_head", "4", "--model.n_layer", "4",
@@ -137,7 +139,9 @@ def build(label: str, args: list[str], steps: int, out_dir: Path, model: list[st
                                    str(out_dir), *args])
     threads = config.train.threads or 2
     torch.set_num_threads(threads)
-    return Contender(label, args, Trainer(config, jsonl=False), threads)
+    trainer = Trainer(config, jsonl=False)
+    make_pausable(trainer.runtime)
+    return Contender(label, args, trainer, threads)
 
 
 def summary(c: Contender) -> dict:

@@ -94,7 +94,6 @@ class RefreshEngine:
         self._pool_spec: tuple | None = None
         self._retired: list = []
         self._held: list[Outstanding] = []
-        self._deferred = False
         self._last_boundary: float | None = None
         self._step_seconds = 0.0
         self._mode = ""
@@ -182,8 +181,6 @@ class RefreshEngine:
             self._held.append(item)
 
     def _release(self, t: int) -> None:
-        if self._deferred:
-            return
         for item in [i for i in self._held if i.release_step <= t]:
             self._submit(item)
 
@@ -299,25 +296,6 @@ class RefreshEngine:
     def _all_outstanding(self):
         for queue_ in self.outstanding.values():
             yield from queue_
-
-    def defer_releases(self, defer: bool) -> None:
-        """While on, jobs whose pacing release comes at a boundary stay held (a swap that needs
-        one still sends it); turning it off sends every job whose release has come. With
-        `wait_released` it lets a caller pause a run between steps exactly: the paused run's
-        refreshes neither run on into whatever comes next nor run early (the benchmark's
-        round-robin)."""
-        self._deferred = defer
-        if not defer and self._pool is not None:
-            self._release(self.opt.num_steps)
-
-    def wait_released(self, timeout: float = 60.0) -> float:
-        """Wait (at most `timeout` s in all) until every job already handed to the workers has
-        finished; jobs held back by pacing stay held. Returns the seconds waited."""
-        t0 = time.perf_counter()
-        for item in list(self._all_outstanding()):
-            if item.job is not None and item.release_step is None:
-                item.job.done.wait(max(0.0, timeout - (time.perf_counter() - t0)))
-        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ checkpoints, shutdown
     def settle(self) -> None:
