@@ -144,9 +144,6 @@ class ThreadWorkers:
     def size(self) -> int:
         return len(self._threads)
 
-    def queued(self) -> int:
-        return len(self._queue)
-
     def busy(self) -> int:
         with self._lock:
             return self._busy
@@ -292,9 +289,6 @@ class ProcessWorkers:
     @property
     def size(self) -> int:
         return len(self._procs)
-
-    def queued(self) -> int:
-        return len(self._queue)
 
     def busy(self) -> int:
         with self._lock:
