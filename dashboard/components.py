@@ -210,12 +210,15 @@ def _field_grid(fields: list[FormField], newest: dict[str, Any], values: dict[st
         with cols[i % 4]:
             now = newest[field.name]
             values[field.name] = _widget(field, now, f"pf_{field.name}_{suffix}", not active)
-            st.caption(f"current: `{now}`")
+            # the help sits by the current value, not the input: a widget's help button would
+            # share the input's accessible name ("Help for <label>")
+            shown = f"`{now}`" if now != "" else "empty"
+            st.caption(f"current: {shown}", help=field.help or None)
 
 
 def _widget(field: FormField, now: Any, key: str, disabled: bool) -> Any:
     """The input for one field, by its type; returns the value it holds."""
-    kw = {"key": key, "disabled": disabled, "help": field.help or None}
+    kw = {"key": key, "disabled": disabled}
     match field.widget:
         case "number":
             top = MAX_SAFE_INT if field.maximum is None else min(field.maximum, MAX_SAFE_INT)
