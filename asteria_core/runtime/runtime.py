@@ -141,8 +141,9 @@ class Runtime:
 
     def log(self, **figures: Any) -> None:
         """Figures of the step in progress, or of the step just finished while its record is
-        still open: loss, eval_loss, grad_norm, tokens, lr, or any name of your own (numbers or
-        scalar tensors; a tensor is read when the record is complete, not now)."""
+        still open (before `end_step`); after `end_step`, of the next step. Names: loss,
+        eval_loss, grad_norm, tokens, lr, or any of your own (numbers or scalar tensors; a
+        tensor is read when the record is complete, not now)."""
         if self._pending is not None and not self.timer.in_step:
             _put(self._pending, figures)
         else:
@@ -239,7 +240,7 @@ class Runtime:
         if self._closed:
             raise RuntimeError("this runtime is closed")
         self.end_step()
-        self._figures, self._losses, self._tokens = {}, [], 0
+        self._losses, self._tokens = [], 0  # figures logged since the last record stay
         self._version_in_step = self.policy.version
         self.timer.start_step()
 
@@ -314,6 +315,7 @@ class Runtime:
         if losses:
             record.loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         _put(record, self._figures, keep_tensors=True)
+        self._figures = {}
         self._pending = record
 
     def _boundary(self) -> dict[str, Any]:
