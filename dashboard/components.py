@@ -218,22 +218,24 @@ def _field_grid(fields: list[FormField], newest: dict[str, Any], values: dict[st
 
 def _widget(field: FormField, now: Any, key: str, disabled: bool) -> Any:
     """The input for one field, by its type; returns the value it holds."""
-    kw = {"key": key, "disabled": disabled}
     match field.widget:
         case "number":
             top = MAX_SAFE_INT if field.maximum is None else min(field.maximum, MAX_SAFE_INT)
             return st.number_input(field.label, value=int(now), min_value=field.minimum,
-                                   max_value=top, step=1, **kw)
+                                   max_value=top, step=1, key=key, disabled=disabled)
         case "select":
             index = field.choices.index(now) if now in field.choices else 0
-            return st.selectbox(field.label, field.choices, index=index, **kw)
+            return st.selectbox(field.label, field.choices, index=index, key=key,
+                                disabled=disabled)
         case "checkbox":
-            return st.checkbox(field.label, value=bool(now), **kw)
+            return st.checkbox(field.label, value=bool(now), key=key, disabled=disabled)
         case "word_or_int":
             hint = " or ".join((*field.words, "an integer"))
-            text = st.text_input(field.label, value=str(now), placeholder=hint, **kw)
+            text = st.text_input(field.label, value=str(now), placeholder=hint, key=key,
+                                 disabled=disabled)
             return _word_or_int(text, field.words)
-    return st.text_input(field.label, value=str(now), max_chars=field.max_length, **kw)
+    return st.text_input(field.label, value=str(now), max_chars=field.max_length, key=key,
+                         disabled=disabled)
 
 
 def _word_or_int(text: str, words: tuple[str, ...]) -> int | str:

@@ -50,7 +50,7 @@ def test_live_page_shows_the_live_run(dashboard_env, http, live_run):
     assert "refreshing every 2 s" in texts(at.caption)
     notes = texts(at.info)
     assert "**Staleness**" not in notes and "**Refresh queue depth**" not in notes
-    tiered = "tier_bytes" in http.get(f"/runs/{live_run}/steps").json()["steps"][-1]["extra"]
+    tiered = http.get(f"/runs/{live_run}/steps").json()["steps"][-1]["tiers"] is not None
     assert ("**Tier occupancy**: not reported by this run" in notes) is not tiered
     # loss x2, phases, idle, power, joules, joules/token, staleness max and distribution,
     # queue depth, background load, and the tiers where the tier store reports
@@ -200,7 +200,8 @@ def _tier_panel() -> None:
     buf = series.StepBuffer()
     buf.extend([{"step": s, "time": 100.0 + s, "loss": 3.0, "eval_loss": None, "lr": 1e-3,
                  "tokens": 64, "step_seconds": 1.0, "phase_seconds": {},
-                 "extra": {"tier_bytes": {"device": 1000, "host": 50 * s}}}
+                 "tiers": {"bytes": {"device": 1000, "host": 50 * s}, "capacity_bytes": {},
+                           "prefetch_hit_ratio": None}}
                 for s in range(1, 50)])
     df = series.frame(buf)
     marks = series.markers([], df)
