@@ -3,14 +3,17 @@
     python benchmarks/bench_runtime.py                 # default GPT (~1M), 3 rounds
     python benchmarks/bench_runtime.py --steps 20 --rounds 1 --quick
 
-Four arms train the same model (same init, same batches) in one process, in interleaved turns
-of `--steps` steps so machine drift falls on all alike:
+Three arms train the same model (same init, same batches) in one process:
 
 - bare AdamW: `torch.optim.AdamW` in a plain loop, no runtime;
 - Asteria AdamW: `asteria.optimizer(model, "adamw")`, the runtime attached (hooks, boundary,
   telemetry, records);
 - Asteria SOAP: `asteria.optimizer(model, "soap")`, refresh on one host worker (the default
   policy).
+
+The two AdamW arms take interleaved turns of `--steps` steps, in ABBA order, so machine drift
+falls on both alike; the SOAP arm trains after them (its refresh worker would otherwise run
+beside the other arms' turns).
 
 The runtime's own CPU is measured directly: `time.thread_time()` of the training thread inside
 every runtime entry point (forward hooks, optimizer step pre/post hooks with the step boundary,
@@ -122,7 +125,7 @@ class Arm:
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--steps", type=int, default=20, help="steps per turn")
-    cli.add_argument("--rounds", type=int, default=3, help="turns per arm")
+    cli.add_argument("--rounds", type=int, default=6, help="turns per arm")
     cli.add_argument("--threads", type=int, default=2)
     cli.add_argument("--quick", action="store_true", help="a smaller model (a smoke run)")
     cli.add_argument("--out", default=str(ROOT / "benchmarks/results/runtime.json"))
@@ -142,13 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         arm.turn(warm)
     skip = len(warm)
     started = time.perf_counter()
+    pair, soap = arms[:2], arms[2]
     for r in range(args.rounds):
         batches = [loader.next_batch() for _ in range(args.steps)]
-        for arm in arms:
+        for arm in (pair if r % 2 == 0 else pair[::-1]):
             arm.turn(batches)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+        print(f"AdamW round {r + 1}/{args.rounds}: " + ", ".join(
             f"{a.label} {1e3 * statistics.median(a.step_seconds[-args.steps:]):.1f} ms"
-            for a in arms), flush=True)
+            for a in pair), flush=True)
+    for r in range(args.rounds):
+        soap.turn([loader.next_batch() for _ in range(args.steps)])
+        print(f"SOAP round {r + 1}/{args.rounds}: "
+              f"{1e3 * statistics.median(soap.step_seconds[-args.steps:]):.1f} ms", flush=True)
     results = [arm.summary(skip) for arm in arms]
     bare, attached = results[0], results[1]
     report = {
@@ -167,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"\n{report['model_params'] / 1e6:.2f}M-parameter GPT, batch {batch}x"
           f"{config.block_size}, {args.threads} threads, {args.rounds} x {args.steps} steps "
-          "per arm, interleaved")
+          "per arm (AdamW arms interleaved)")
     print(f"{'arm':38} {'step p50 ms':>11} {'runtime CPU ms/step':>20} {'share':>7}")
     for r in results:
         cpu = r.get("runtime_cpu_ms_mean")
