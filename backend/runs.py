@@ -194,7 +194,9 @@ class RunManager:
         """Serve a user's runtime as the active run: its records, policy and commands."""
         with self._lock:
             self._check_idle()
-            config = {"runtime": {"attached": True, "optimizer": runtime.optimizer_name}}
+            lr = runtime.optimizer.param_groups[0]["lr"]
+            config = {"optim": {"name": runtime.optimizer_name, "lr": float(lr)},
+                      "runtime": {"attached": True}}
             active = ActiveRun(runtime.run_id, None, runtime.policy, runtime=runtime,
                                attached=True)
             self.store.create_run(active.run_id, config, str(runtime.run_dir), total_steps)

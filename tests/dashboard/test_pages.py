@@ -219,3 +219,43 @@ def test_tier_panel_draws_occupancy_with_capacities():
     # capacity: the /metrics gauge for device, the policy budget for host (no disk budget)
     assert dict(zip(caps["series"], caps["value"], strict=True)) == {"device": 2048.0,
                                                                       "host": 4096.0}
+
+
+def test_the_live_page_follows_a_script_attached_with_backend_serve(monkeypatch, tmp_path):
+    """The dashboard works unchanged against a user's own loop served by `backend.serve`."""
+    import torch
+
+    import asteria_core as asteria
+    import backend
+    from asteria_core.train.config import ModelConfig
+    from asteria_core.train.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16))
+    opt = asteria.optimizer(model, "soap", policy=asteria.Policy(refresh_interval=2,
+                                                                  staleness_bound=2))
+    plane = backend.serve(opt.runtime, port=free_port(), data_dir=tmp_path / "data")
+    try:
+        for _ in range(8):
+            x = torch.randint(0, 256, (2, 16))
+            model(x, x)[1].backward()
+            opt.step()
+            opt.zero_grad()
+        opt.runtime.end_step()
+        monkeypatch.setenv("ASTERIA_URL", plane.url)
+        monkeypatch.setenv("ASTERIA_TOKEN", plane.token)
+        st.cache_data.clear()
+        run_id = opt.runtime.run_id
+        wait_until(lambda: httpx.get(f"{plane.url}/runs/{run_id}").json()["step"] == 8, 30,
+                   what="the attached run's eighth step")
+        at = app(run_id)
+        assert not at.exception, at.exception
+        metrics = {m.label: m.value for m in at.metric}
+        assert int(metrics["Step"]) == 8 and float(metrics["Train loss"]) > 0
+        assert "soap" in texts(at.markdown) + texts(at.caption) + texts(at.title)
+        notes = texts(at.info)
+        assert "**Staleness**" not in notes  # the attached run reports its staleness
+    finally:
+        opt.runtime.close()
+        plane.close()
+        st.cache_data.clear()
