@@ -17,6 +17,9 @@ eigenvalue estimates stored as e = lambda^(-1/2):
 
 Factor and eigenvalue updates use the basis and e in use (stale by design), so staleness of the
 basis feeds back into the statistics; that is the reference's behaviour and the runtime's concern.
+"e in use" is the reference's, update by update: a matrix reads start-of-step e throughout; a
+3-D tensor follows the reference's 3-D order, where some updates read an e already updated in
+the same step (`_statistics_order`).
 Tensors of any order are handled (the reference does 2-D and 3-D); skipped dims act as identity
 factors with lambda = 1. Parameters with no preconditioned dim (1-D, unless precondition_1d) take
 AdamW steps with the group's lr, betas and eps, as the reference's training scripts give them to
@@ -149,24 +152,36 @@ class KLShampoo(BlockPreconditioner):
         return state[STEP] % group["precondition_frequency"] == 0
 
     def _update_statistics(self, grad, state, layout, group, beta) -> None:
-        """KL factor updates and eigenvalue EMAs, all from the basis and e in use (stale)."""
-        bases, eig = state[BASES], self._eig(state)
-        grad_e = to_basis(grad, bases)  # Q_mm^T G Q_nn
-        diags = {}
-        for dim, sizes in enumerate(layout.chunks):
+        """KL factor updates and eigenvalue EMAs from the basis in use (stale), in the
+        reference's order (`_statistics_order`): most read e at the start of the step, but in a
+        3-D tensor some read an e updated earlier in the same step, as the reference does."""
+        bases, start = state[BASES], self._eig(state)
+        now = list(start)  # e per dim as the step goes; state is written at the end
+        new_chunks: dict[int, list[torch.Tensor]] = {}
+        grad_e = None
+        for kind, dim, reads_now in _statistics_order(grad.dim()):
+            sizes = layout.chunks[dim]
             if sizes is None:
                 continue
-            half = _scale_except(to_basis(grad, bases, skip=dim), eig, dim)  # G Q_nn e_n
-            self._add_factor(state, layout, dim, dim_outer(half, dim, sizes), beta)
+            eig = [now[d] if d in reads_now else start[d] for d in range(grad.dim())]
+            if kind == "factor":
+                half = _scale_except(to_basis(grad, bases, skip=dim), eig, dim)  # G Q_nn e_n
+                self._add_factor(state, layout, dim, dim_outer(half, dim, sizes), beta)
+                continue
+            if grad_e is None:
+                grad_e = to_basis(grad, bases)  # Q_mm^T G Q_nn
             other = [d for d in range(grad.dim()) if d != dim]
-            diags[dim] = torch.mean(_scale_except(grad_e, eig, dim) ** 2, dim=other)
-        for dim, diag_d in diags.items():
-            sizes = layout.chunks[dim]
+            diag_d = torch.mean(_scale_except(grad_e, eig, dim) ** 2, dim=other)
+            chunks = new_chunks[dim] = []
             for c, diag_b in enumerate(torch.split(diag_d, list(sizes))):
                 lam_b = (1.0 / state[EIG_INV_SQRT][dim][c] ** 2).nan_to_num_(
                     nan=0.0, posinf=0.0, neginf=0.0)
                 lam_b.lerp_(diag_b, 1.0 - beta)
-                state[EIG_INV_SQRT][dim][c].copy_(kl_eig_inv_sqrt(lam_b, _clamp(group, sizes[c])))
+                chunks.append(kl_eig_inv_sqrt(lam_b, _clamp(group, sizes[c])))
+            now[dim] = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        for dim, chunks in new_chunks.items():  # in place: a tier store's buffers stay put
+            for c, e_b in enumerate(chunks):
+                state[EIG_INV_SQRT][dim][c].copy_(e_b)
 
     def _add_factor(self, state, layout: Layout, dim: int, outers: list, beta: float) -> None:
         # S <- beta S + (1 - beta) / (numel / d_dim) * outer   (the reference's update_S)
@@ -192,6 +207,21 @@ class KLShampoo(BlockPreconditioner):
             lam_b = lam_b[perm_b.to(lam_b.device, non_blocking=True)]
         group = self._locate(key)[1]
         e_b.copy_(kl_eig_inv_sqrt(lam_b, _clamp(group, e_b.shape[0])))
+
+
+def _statistics_order(ndim: int) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+    """(factor | eig, dim, dims whose e is read as already updated in this step), in order.
+
+    The reference's 2-D update reads only start-of-step e. Its 3-D update (dims 0, 1, 2; its
+    1, 2, 3) works from G mapped by Q_0 diag(e_0): S_2, S_1, then e_2, then e_1 reading the new
+    e_2; then from G mapped by Q_2 diag(e_2) as it was at the start: S_0 and e_0, both reading
+    the new e_1. The reference has no other orders; they read start-of-step e throughout.
+    """
+    if ndim == 3:
+        return (("factor", 2, ()), ("factor", 1, ()), ("eig", 2, ()), ("eig", 1, (2,)),
+                ("factor", 0, (1,)), ("eig", 0, (1,)))
+    return (tuple(("factor", d, ()) for d in range(ndim))
+            + tuple(("eig", d, ()) for d in range(ndim)))
 
 
 def _clamp(group: dict, size: int) -> float | None:

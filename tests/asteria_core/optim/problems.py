@@ -9,8 +9,20 @@ import torch
 
 
 def structured_grads(shape, steps: int, seed: int, dtype=torch.float64) -> list[torch.Tensor]:
-    """Random gradients with anisotropic row and column covariances (factors far from I)."""
+    """Random gradients with anisotropic row and column covariances (factors far from I); for a
+    tensor of another order, an anisotropic covariance along every dim."""
     g = torch.Generator().manual_seed(seed)
+    if len(shape) != 2:
+        mix = [torch.randn(d, d, generator=g, dtype=dtype) * torch.logspace(0, -k - 1, d,
+                                                                             dtype=dtype)
+               for k, d in enumerate(shape)]
+        grads = []
+        for _ in range(steps):
+            x = torch.randn(*shape, generator=g, dtype=dtype)
+            for k, m_dd in enumerate(mix):  # mode-k product: x <- x x_k M_k
+                x = torch.movedim(torch.tensordot(m_dd, x, dims=([1], [k])), 0, k)
+            grads.append(x)
+        return grads
     m, n = shape
     left = torch.randn(m, m, generator=g, dtype=dtype) * torch.logspace(0, -2, m, dtype=dtype)
     right = torch.randn(n, n, generator=g, dtype=dtype) * torch.logspace(0, -1, n, dtype=dtype)

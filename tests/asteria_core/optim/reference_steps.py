@@ -1,10 +1,13 @@
-"""Test oracles: the reference SOAP, KL-Shampoo and Shampoo steps for one 2-D parameter.
+"""Test oracles: the reference SOAP, KL-Shampoo and Shampoo steps for one 2-D parameter
+(KL-Shampoo: also one 3-D parameter).
 
 Written from the published algorithms in the references' own structure, not ours: SOAP keeps its
 first moment in the eigenbasis and round-trips it through the original basis every step, and
 permutes its second moment on the QR path (nikhilvyas/SOAP soap.py); KL-Shampoo follows the
-explicit left/right formulas of yorkerlin/KL-Methods kl_opt.py; Shampoo is the textbook formula
-L^(-1/4) M R^(-1/4) with Adam norm grafting. Matrices only, explicit products, no blocking.
+explicit left/right formulas of yorkerlin/KL-Methods kl_opt.py, and for a 3-D tensor that
+file's own order of updates, in which some factor and eigenvalue updates read eigenvalue
+estimates updated earlier in the same step; Shampoo is the textbook formula L^(-1/4) M R^(-1/4)
+with Adam norm grafting. Explicit products, no blocking.
 
 Legend: G_mn gradient, L_mm / R_nn factors, Ql_mm / Qr_nn eigenbases.
 """
@@ -82,8 +85,7 @@ class ReferenceKLShampoo:
         self.init_factor, self.clamp = init_factor, clamp
         self.first, self.step_count = True, 0
         self.m = torch.zeros_like(p)
-        m, n = p.shape
-        self.S = [torch.zeros(m, m, dtype=p.dtype), torch.zeros(n, n, dtype=p.dtype)]
+        self.S = [torch.zeros(d, d, dtype=p.dtype) for d in p.shape]
 
     def _update_s(self, idx, mat):
         other = self.p.numel() / self.p.shape[idx]
@@ -98,14 +100,17 @@ class ReferenceKLShampoo:
     def step(self, g):
         if self.first:
             self.first = False
-            self._update_s(0, g @ g.T)
-            self._update_s(1, g.T @ g)
-            self.Q = [_eigh_desc(self.S[0]), _eigh_desc(self.S[1])]
+            for k in range(g.dim()):
+                self._update_s(k, _gram(g, k))
+            self.Q = [_eigh_desc(s) for s in self.S]
             self.e = [1.0 / torch.full((s,), self.init_factor, dtype=g.dtype).sqrt()
                       for s in g.shape]
             return
         self.step_count += 1
         self.m = torch.lerp(self.m, g, 1 - self.betas[0])
+        if g.dim() == 3:
+            self._step_3d(g)
+            return
         ql, qr = self.Q
         scale = self.e[0][:, None] * self.e[1][None, :]
         scale = scale / (1 + scale * self.eps)
@@ -124,6 +129,51 @@ class ReferenceKLShampoo:
             self.Q = [torch.linalg.qr(s @ q)[0] for s, q in zip(self.S, self.Q, strict=True)]
         self.p -= self.lr * u
         self.p -= self.lr * self.wd * self.p
+
+    def _step_3d(self, g):
+        """Dims 0, 1, 2 (the reference's 1, 2, 3), in the reference's order: S_2 and S_1 from G
+        mapped by Q_0 e_0; e_2, then e_1 reading the new e_2; then S_0 and e_0 from G mapped by
+        Q_2 e_2 as it was at the start of the step, reading the new e_1."""
+        q, e_start = self.Q, list(self.e)
+        scale = _along(e_start[0], 0) * _along(e_start[1], 1) * _along(e_start[2], 2)
+        scale = scale / (1 + scale * self.eps)
+        m_e = _mode(_mode(_mode(self.m, q[0], 0), q[1], 1), q[2], 2)
+        u = _mode(_mode(_mode(m_e * scale, q[0].T, 0), q[1].T, 1), q[2].T, 2)
+
+        g0 = _mode(g, q[0] * e_start[0][None, :], 0)   # G x_0 (Q_0 diag(e_0))
+        g01 = _mode(g0, q[1], 1)
+        g012 = _mode(g01, q[2], 2)
+        self._update_s(2, _gram(g01 * _along(e_start[1], 1), 2))
+        self._update_s(1, _gram(_mode(g0, q[2], 2) * _along(e_start[2], 2), 1))
+        self._update_e(2, torch.mean((g012 * _along(self.e[1], 1)) ** 2, dim=(0, 1)))
+        self._update_e(1, torch.mean((g012 * _along(self.e[2], 2)) ** 2, dim=(0, 2)))  # new e_2
+        g2 = _mode(g, q[2] * e_start[2][None, :], 2)   # G x_2 (Q_2 diag(e_2 at the start))
+        g21 = _mode(g2, q[1], 1)
+        g210 = _mode(g21, q[0], 0)
+        self._update_s(0, _gram(g21 * _along(self.e[1], 1), 0))                        # new e_1
+        self._update_e(0, torch.mean((g210 * _along(self.e[1], 1)) ** 2, dim=(1, 2)))
+        if self.step_count % self.freq == 0:
+            self.Q = [torch.linalg.qr(s @ q_dd)[0] for s, q_dd in zip(self.S, self.Q, strict=True)]
+        self.p -= self.lr * u
+        self.p -= self.lr * self.wd * self.p
+
+
+def _mode(x, mat, k):
+    """x with dim k contracted against mat's rows: y[.., j, ..] = sum_i x[.., i, ..] mat[i, j]."""
+    return torch.movedim(torch.tensordot(x, mat, dims=([k], [0])), -1, k)
+
+
+def _gram(x, k):
+    """The (d_k, d_k) statistic: x times itself, summed over every dim but k."""
+    other = [d for d in range(x.dim()) if d != k]
+    return torch.tensordot(x, x, dims=(other, other))
+
+
+def _along(v, k):
+    """v shaped to broadcast along dim k of a 3-D tensor."""
+    shape = [1, 1, 1]
+    shape[k] = -1
+    return v.reshape(shape)
 
 
 def _inv_root(a, root, eps):
