@@ -30,10 +30,13 @@ A refresh still not done `refresh_timeout_ms` after the bound forced a wait is a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, refresh_fn
@@ -50,6 +53,29 @@ class RefreshFailed(RuntimeError):
     """A block's refresh failed `failure_limit` times in a row; the run stops."""
 
 
+class Delivery(Protocol):
+    """A refresh result on its way from the block's owner rank (asteria_core.distributed)."""
+
+    owner: int
+    result: RefreshResult | None
+    error: str | None
+    done: threading.Event
+
+
+class BlockExchange(Protocol):
+    """Data-parallel runs: which blocks this rank refreshes, and the results of the others.
+    Every rank calls `offer` / `expect` for the same blocks in the same order."""
+
+    def owns(self, key: BlockKey) -> bool: ...
+
+    def offer(self, key: BlockKey, stats_step: int, size: int,
+              outcome: Callable[[], tuple[RefreshResult | None, str | None] | None]) -> None:
+        """This rank's refresh of `key`: send its outcome (polled until known) to every rank."""
+        ...
+
+    def expect(self, key: BlockKey, stats_step: int, size: int) -> Delivery: ...
+
+
 @dataclass(eq=False)
 class Outstanding:
     """A refresh that fell due and is not swapped in yet."""
@@ -62,14 +88,20 @@ class Outstanding:
     error: str | None = None
     release_step: int | None = None
     """While held back by pacing: the boundary at which the job goes to the workers."""
+    delivery: Delivery | None = None
+    """Data-parallel: the result of a block another rank owns, on its way here."""
 
 
 class RefreshEngine:
     def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy,
                  reporter: Reporter | None = None, *, fn: RefreshFn = refresh_fn,
-                 fallback_fn: RefreshFn = refresh_fn) -> None:
+                 fallback_fn: RefreshFn = refresh_fn,
+                 exchange: BlockExchange | None = None) -> None:
+        """`exchange`: in a data-parallel run, this rank refreshes only the blocks it owns and
+        swaps in the others' results, which every rank swaps at the same step."""
         self.opt = optimizer
         self.policy = policy
+        self.exchange = exchange
         self.reporter = reporter or NullReporter()
         self._host = host_copies_for(optimizer)
         """CUDA: copies snapshots to the host workers off the training stream (refresh/host)."""
@@ -114,11 +146,15 @@ class RefreshEngine:
         self._apply_policy(policy)
         t = self.opt.num_steps
         self._swap_due(t, policy)
-        snapshots = [self.opt.snapshot(key, lend=True) for key in self.opt.due_blocks()]
+        due = self.opt.due_blocks()
+        mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
+        snapshots = [self.opt.snapshot(key, lend=True) for key in mine]
         ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
         if self._host is not None and self._pool is not None and snapshots:
             snapshots, ready = self._host(snapshots)
         started = [self._start(snapshot, t, policy, ready) for snapshot in snapshots]
+        if self.exchange is not None:
+            self._exchange(due, {item.key: item for item in started}, t)
         self._pace([item for item in started if item.job is not None], t, policy)
         self._release(t)
         self._swap_due(t, policy)  # d = 0: this boundary's own refreshes
@@ -166,6 +202,27 @@ class RefreshEngine:
             item.job = job
         self.outstanding[key].append(item)
         return item
+
+    def _exchange(self, due, started: dict[BlockKey, Outstanding], t: int) -> None:
+        """Offer this rank's refreshes and expect the others', in `due` order on every rank."""
+        for key in due:
+            size = self.blocks[key].size
+            item = started.get(key)
+            if item is not None:
+                self.exchange.offer(key, t, size, partial(self._outcome, item))
+            else:
+                item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size))
+                self.outstanding[key].append(item)
+
+    @staticmethod
+    def _outcome(item: Outstanding) -> tuple[RefreshResult | None, str | None] | None:
+        """(result, error) of this rank's refresh once known, from any thread; else None."""
+        if item.result is not None or item.error is not None:
+            return item.result, item.error
+        job = item.job
+        if job is not None and job.done.is_set():
+            return job.result, job.error
+        return None
 
     def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
         """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each:
@@ -217,6 +274,9 @@ class RefreshEngine:
 
     def _finish(self, item: Outstanding, policy: Policy) -> None:
         """Make sure `item` has a result or an error, waiting (refresh_wait) if it must."""
+        if item.delivery is not None:
+            self._receive(item, policy)
+            return
         job = item.job
         if job is None:
             return  # computed inline: result or error is already there
@@ -238,6 +298,21 @@ class RefreshEngine:
                 return
         item.result, item.error = job.result, job.error
         self._refresh_seconds[item.key] = job.seconds
+
+    def _receive(self, item: Outstanding, policy: Policy) -> None:
+        """Another rank's result, waited for (sync_wait) if it has not arrived by its swap."""
+        delivery = item.delivery
+        if not delivery.done.is_set():
+            t0 = time.perf_counter()
+            with self.reporter.wait("sync_wait"):
+                arrived = delivery.done.wait(policy.refresh_timeout_ms / 1e3)
+            self.waited_seconds += time.perf_counter() - t0
+            if not arrived:
+                raise RuntimeError(
+                    f"rank {delivery.owner} did not deliver its refresh of block "
+                    f"{tuple(item.key)} (statistics of step {item.stats_step}) within "
+                    f"refresh_timeout_ms ({policy.refresh_timeout_ms} ms); stopping")
+        item.result, item.error = delivery.result, delivery.error
 
     def _abandon(self, job: Job) -> None:
         for pool in (self._pool, *self._retired):

@@ -39,9 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from asteria_core.distributed import Topology, VersionExchange, assign_owners
 from asteria_core.optim.base import BlockPreconditioner
-from asteria_core.policy import LivePolicy, Policy
+from asteria_core.optim.seam import refresh_fn as default_refresh_fn
+from asteria_core.policy import LivePolicy, Policy, PolicyError
 from asteria_core.refresh import RefreshEngine
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.records import JsonlWriter, StepRecord
@@ -73,12 +76,16 @@ class Runtime:
                  telemetry: TelemetryConfig | None = None, reporter: RunReporter | None = None,
                  run_id: str | None = None, run_dir: str | Path | None = None,
                  records: str | Path | None = None, optimizer_name: str | None = None,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, distributed: bool | None = None,
+                 refresh_fn=default_refresh_fn) -> None:
         """`policy`: the live policy (a `LivePolicy` to share one with a control plane).
         `telemetry`: its config (default: metrics on, no energy estimate); `reporter` replaces
         telemetry altogether (`NullReporter()` turns it off). `run_dir`: where the disk tier
         lives unless the policy names a folder (default runs/<run_id>). `records`: a JSONL file
-        that gets every step record. `start_step`: steps already trained (a resumed run)."""
+        that gets every step record. `start_step`: steps already trained (a resumed run).
+        `distributed`: refresh as one rank of a data-parallel job (owner ranks, bases sent to
+        every rank); None decides by whether torch.distributed is initialized with more than
+        one rank. `refresh_fn`: the refresh math (the seam; a test may slow it down)."""
         if getattr(optimizer, "runtime", None) is not None:
             raise ValueError("this optimizer already has a runtime attached")
         self.optimizer = optimizer
@@ -102,9 +109,12 @@ class Runtime:
         self.reporter.set_policy_version(self.policy.version)
         self.refresh: RefreshEngine | None = None
         self.tiers: TierStore | None = None
+        self.exchange: VersionExchange | None = None
         if isinstance(optimizer, BlockPreconditioner):
             # Refreshes run off the critical path under the policy; state has a home tier.
-            self.refresh = RefreshEngine(optimizer, self.policy, self.reporter)
+            self.exchange = _exchange_for(optimizer, self.policy, distributed)
+            self.refresh = RefreshEngine(optimizer, self.policy, self.reporter, fn=refresh_fn,
+                                         exchange=self.exchange)
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
         self._listeners: list[Listener] = []
         self._boundary_hooks: list[StepHook] = []
@@ -220,6 +230,8 @@ class Runtime:
                 handle.remove()
             if self.refresh is not None:
                 self.refresh.close()
+            if self.exchange is not None:
+                self.exchange.close()
             if self.tiers is not None:
                 self.tiers.close()
             self.reporter.close()
@@ -337,6 +349,28 @@ class Runtime:
         for hook in list(self._boundary_hooks):
             hook(self.step)
         return sections
+
+
+def _exchange_for(optimizer: BlockPreconditioner, policy: LivePolicy,
+                  distributed: bool | None) -> VersionExchange | None:
+    """The version exchange of this rank in a data-parallel job, or None for one process."""
+    running = dist.is_available() and dist.is_initialized()
+    if distributed and not running:
+        raise ValueError("distributed: got True, but torch.distributed is not initialized; "
+                         "launch with torchrun and call init_process_group first")
+    if distributed is False or not running or dist.get_world_size() == 1:
+        return None
+    if policy.current.swap_mode != "deterministic":
+        raise PolicyError("swap_mode", f"got {policy.current.swap_mode!r}; allowed: "
+                          "deterministic in a data-parallel run (every rank swaps at one step)")
+
+    def same_step_on_every_rank(proposed: Policy) -> None:
+        raise PolicyError("policy", "changes in a data-parallel run are not applied yet: "
+                          "they must reach every rank at one step (not built yet)")
+
+    policy.add_validator(same_step_on_every_rank)
+    topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
+    return VersionExchange(topology, assign_owners(optimizer.refresh_blocks(), topology))
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:

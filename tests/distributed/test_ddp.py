@@ -1,0 +1,114 @@
+"""Data-parallel SOAP on real torch.distributed process groups (gloo), launched by torchrun
+(`python -m torch.distributed.run`): owner ranks refresh their blocks, versioned bases travel in
+the background, every rank swaps them at the same step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asteria_core.distributed import Topology, assign_owners
+from asteria_core.optim.seam import BlockInfo, BlockKey
+from tests.backend.conftest import free_port
+
+pytestmark = pytest.mark.multiproc
+SCRIPT = Path(__file__).with_name("ddp_train.py")
+STEPS = 30
+BOUND = 2  # ddp_train.POLICY's staleness bound
+
+
+def torchrun(out: Path, *extra: str, nproc: int = 2, nnodes: int = 1) -> None:
+    """Launch the run's nodes (each a torchrun of `nproc` ranks) and wait for all of them."""
+    port = free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+         "--node-rank", str(node), "--nproc-per-node", str(nproc), "--master-addr",
+         "127.0.0.1", "--master-port", str(port), str(SCRIPT), "--steps", str(STEPS),
+         "--out", str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True) for node in range(nnodes)]
+    for proc in nodes:
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output[-4000:]
+
+
+def single(out: Path) -> dict[str, torch.Tensor]:
+    subprocess.run([sys.executable, str(SCRIPT), "--single", "--steps", str(STEPS), "--out",
+                    str(out)], check=True, timeout=300)
+    return torch.load(out / "rank0.pt")
+
+
+def ranks(out: Path, world: int) -> tuple[list[dict], list[dict]]:
+    params = [torch.load(out / f"rank{r}.pt") for r in range(world)]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return params, reports
+
+
+def relative(a: dict, b: dict) -> float:
+    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The single-process run on the same global batch with the same swap schedule."""
+    return single(tmp_path_factory.mktemp("single"))
+
+
+@pytest.mark.parametrize(("nnodes", "nproc"), [(1, 2), (2, 2)], ids=["2 ranks", "2 nodes x 2"])
+def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, reference,
+                                                                  nnodes, nproc):
+    world = nnodes * nproc
+    torchrun(tmp_path, nproc=nproc, nnodes=nnodes)
+    params, reports = ranks(tmp_path, world)
+    for other in params[1:]:
+        assert all(torch.equal(params[0][k], other[k]) for k in params[0])
+    assert relative(params[0], reference) < 1e-5
+    # Every block has one owner; refresh work is shared, not repeated.
+    assert sum(r["owned"] for r in reports) == reports[0]["blocks"]
+    assert all(r["owned"] >= 1 for r in reports)
+    for r in reports:
+        assert r["local_world"] == nproc
+        assert [s["step"] for s in r["steps"]] == list(range(1, STEPS + 1))
+        assert max(s["staleness_max"] for s in r["steps"]) <= BOUND
+        assert all(s["failures"] == 0 for s in r["steps"])
+        assert r["bytes_received"] > 0 and r["bytes_sent"] > 0
+        assert "not applied yet" in r["policy_change_refused"]
+
+
+def test_a_slow_owner_makes_only_the_others_wait_and_never_past_the_bound(tmp_path):
+    torchrun(tmp_path, "--slow-rank", "1", "--slow-seconds", "0.3")
+    params, reports = ranks(tmp_path, 2)
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+    fast, slow = reports
+    for r in reports:
+        assert max(s["staleness_max"] for s in r["steps"]) <= BOUND
+    waited = sum(s["sync_wait"] for s in fast["steps"])
+    assert waited > 1.0, waited  # 10 rounds, each late by most of 0.3 s
+    assert sum(s["refresh_wait"] for s in fast["steps"]) < 0.1 * waited
+    # The slow owner waits for its own workers (refresh_wait), not for the others.
+    own = sum(s["refresh_wait"] for s in slow["steps"])
+    assert own > 1.0, own
+    assert sum(s["sync_wait"] for s in slow["steps"]) < 0.1 * own
+
+
+def test_owners_balance_refresh_cost_over_nodes_then_ranks():
+    sizes = [128, 128, 96, 96, 64, 64, 64, 64, 32, 32, 16]
+    blocks = [BlockInfo(BlockKey(i, 0, 0), b, float(b) ** 3) for i, b in enumerate(sizes)]
+    topology = Topology(world=4, rank=0, local_world=2)
+    owners = assign_owners(blocks, topology)
+    assert owners == assign_owners(reversed(blocks), topology)  # the same on every rank
+    per_rank = [sum(b.cost for b in blocks if owners[b.key] == r) for r in range(4)]
+    per_node = [per_rank[0] + per_rank[1], per_rank[2] + per_rank[3]]
+    assert owners[BlockKey(0, 0, 0)] == 0  # the largest block first, to node 0's first rank
+    assert owners[BlockKey(1, 0, 0)] == 2  # the next to the other node
+    # Greedy packing keeps nodes, and ranks inside a node, within one block of each other.
+    largest = max(b.cost for b in blocks)
+    assert abs(per_node[0] - per_node[1]) <= largest
+    assert abs(per_rank[0] - per_rank[1]) <= largest and abs(per_rank[2] - per_rank[3]) <= largest
+    assert all(load > 0 for load in per_rank)
+    with pytest.raises(ValueError, match="not a torchrun layout"):
+        Topology(world=3, rank=0, local_world=2)
