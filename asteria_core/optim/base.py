@@ -111,6 +111,11 @@ class BlockPreconditioner(torch.optim.Optimizer):
         tensor (copy on write). An entry goes when its tensor dies, before its id can be reused."""
         self.residency: Residency | None = None
         """Set by a tier store: state may live off the device between uses (see Residency)."""
+        self.keeps_factor = None
+        """Set by a data-parallel runtime to `key -> bool`: this rank holds and updates only the
+        factor statistics of the blocks it refreshes (their owner); the others' factors are
+        empty placeholders. None: every factor is kept (one process)."""
+        self._stepping: int | None = None  # the parameter whose per-step math is running
 
     # ---- subclass hooks -------------------------------------------------------------------
     def _step_param(self, p: torch.Tensor, grad: torch.Tensor, state: dict, layout: Layout,
@@ -171,6 +176,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 raise TypeError(f"{type(self).__name__} does not support sparse gradients")
             layout = self._layout(index, p, group)
             grad = p.grad.reshape(layout.shape)
+            self._stepping = index
             with self._resident(index, self.state[p], "step"):
                 refresh_due = self._step_param(p, grad, self.state[p], layout, group)
             if refresh_due:
@@ -261,6 +267,8 @@ class BlockPreconditioner(torch.optim.Optimizer):
 
         with self._resident(key.param, state, "none"):
             factor = state[FACTORS][key.dim][key.chunk]
+            if factor.numel() == 0:
+                raise KeyError(f"{key}: its factor statistics are kept by its owner rank")
             if lend:
                 self._lent[id(factor)] = factor
             basis = state[BASES][key.dim][key.chunk]
@@ -346,6 +354,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 layout = self._layout(index, p, group)
                 p_meta = torch.empty_like(p, device="meta")
                 state: dict = {}
+                self._stepping = index
                 self._step_param(p_meta, torch.empty(layout.shape, dtype=p.dtype, device="meta"),
                                  state, layout, group)
                 return state
@@ -359,11 +368,23 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 yield index, p, group
                 index += 1
 
-    def _factor_out(self, blocks: list[torch.Tensor], chunk: int) -> torch.Tensor:
+    def _keeps(self, dim: int, chunk: int | None = None) -> bool:
+        """Whether this rank keeps the factor of block (stepping parameter, dim, chunk); with
+        chunk None, of any block of that dim (else the dim's factor work can be skipped)."""
+        if self.keeps_factor is None:
+            return True
+        layout = self._layouts[self._stepping][1]  # laid out before its math runs
+        chunks = range(len(layout.chunks[dim])) if chunk is None else (chunk,)
+        return any(self.keeps_factor(BlockKey(self._stepping, dim, c)) for c in chunks)
+
+    def _factor_out(self, blocks: list[torch.Tensor], chunk: int) -> torch.Tensor | None:
         """Where an update of factor `blocks[chunk]` writes its result: in place, or into a new
-        tensor that takes the block's place when a snapshot holds it (lent). The update reads
-        the old values from the tensor it held before calling this."""
+        tensor that takes the block's place when a snapshot holds it (lent); None when this rank
+        does not keep that factor (skip the update). The update reads the old values from the
+        tensor it held before calling this."""
         old = blocks[chunk]
+        if old.numel() == 0:
+            return None  # another rank's factor
         if self._lent.pop(id(old), None) is None:
             return old
         blocks[chunk] = torch.empty_like(old)
@@ -418,11 +439,14 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise KeyError(f"{key}: the parameter has not taken a step yet")
         return state
 
-    @staticmethod
-    def _init_blocks(state: dict, layout: Layout, like: torch.Tensor) -> None:
-        """Zero factors, identity bases, version 0 and no stats step for every block."""
+    def _init_blocks(self, state: dict, layout: Layout, like: torch.Tensor) -> None:
+        """Zero factors (an empty placeholder where another rank keeps the factor), identity
+        bases, version 0 and no stats step for every block."""
         kw = {"dtype": like.dtype, "device": like.device}
-        state[FACTORS] = new_blocks(layout, lambda b: torch.zeros(b, b, **kw))
+        state[FACTORS] = [None if sizes is None else
+                          [torch.zeros(b, b, **kw) if self._keeps(dim, c) else
+                           torch.empty(0, **kw) for c, b in enumerate(sizes)]
+                          for dim, sizes in enumerate(layout.chunks)]
         state[BASES] = new_blocks(layout, lambda b: torch.eye(b, **kw))
         state[VERSIONS] = [None if s is None else [0] * len(s) for s in layout.chunks]
         state[BASIS_STEPS] = [None if s is None else [-1] * len(s) for s in layout.chunks]

@@ -131,7 +131,7 @@ class KLShampoo(BlockPreconditioner):
                                                     None) for b in sizes]
                                    for sizes in layout.chunks]
             for dim, sizes in enumerate(layout.chunks):
-                if sizes is not None:
+                if sizes is not None and self._keeps(dim):  # else another rank keeps them
                     self._add_factor(state, layout, dim, dim_outer(grad, dim, sizes), beta)
             return True
         state[STEP] += 1
@@ -165,8 +165,9 @@ class KLShampoo(BlockPreconditioner):
                 continue
             eig = [now[d] if d in reads_now else start[d] for d in range(grad.dim())]
             if kind == "factor":
-                half = _scale_except(to_basis(grad, bases, skip=dim), eig, dim)  # G Q_nn e_n
-                self._add_factor(state, layout, dim, dim_outer(half, dim, sizes), beta)
+                if self._keeps(dim):  # else another rank keeps these factors
+                    half = _scale_except(to_basis(grad, bases, skip=dim), eig, dim)  # G Q e_n
+                    self._add_factor(state, layout, dim, dim_outer(half, dim, sizes), beta)
                 continue
             if grad_e is None:
                 grad_e = to_basis(grad, bases)  # Q_mm^T G Q_nn
@@ -188,8 +189,9 @@ class KLShampoo(BlockPreconditioner):
         alpha = (1.0 - beta) / (layout.numel / layout.shape[dim])
         factors = state[FACTORS][dim]
         for c, (factor_bb, outer_bb) in enumerate(zip(factors, outers, strict=True)):
-            torch.mul(factor_bb, beta, out=self._factor_out(factors, c)).add_(outer_bb,
-                                                                               alpha=alpha)
+            out = self._factor_out(factors, c)
+            if out is not None:
+                torch.mul(factor_bb, beta, out=out).add_(outer_bb, alpha=alpha)
 
     @staticmethod
     def _eig(state) -> list:

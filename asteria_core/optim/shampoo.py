@@ -133,11 +133,13 @@ class Shampoo(BlockPreconditioner):
             p.addcdiv_(exp_avg.reshape(p.shape), denom.reshape(p.shape), value=-step_size)
 
         for dim, sizes in enumerate(layout.chunks):
-            if sizes is not None:
+            if sizes is not None and self._keeps(dim):  # else another rank keeps them
                 factors = state[FACTORS][dim]
                 for c, (factor_bb, outer_bb) in enumerate(
                         zip(factors, dim_outer(grad, dim, sizes), strict=True)):
                     out = self._factor_out(factors, c)
+                    if out is None:
+                        continue
                     if beta2 == 1.0:
                         torch.add(factor_bb, outer_bb, out=out)
                     else:

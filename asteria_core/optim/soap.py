@@ -137,10 +137,12 @@ class SOAP(BlockPreconditioner):
     def _update_factors(self, grad: torch.Tensor, factors, layout: Layout, beta: float) -> None:
         """F <- lerp(F, contraction of G over all other dims, 1 - beta), per block."""
         for dim, sizes in enumerate(layout.chunks):
-            if sizes is not None:
+            if sizes is not None and self._keeps(dim):  # else another rank keeps them
                 for c, (factor_bb, outer_bb) in enumerate(
                         zip(factors[dim], dim_outer(grad, dim, sizes), strict=True)):
-                    torch.lerp(factor_bb, outer_bb, 1 - beta, out=self._factor_out(factors[dim], c))
+                    out = self._factor_out(factors[dim], c)
+                    if out is not None:
+                        torch.lerp(factor_bb, outer_bb, 1 - beta, out=out)
 
     def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
         self._install(key.param, state, EXP_AVG_SQ,

@@ -119,6 +119,9 @@ class RefreshEngine:
         self.outstanding: dict[BlockKey, deque[Outstanding]] = {k: deque() for k in self.blocks}
         self.failures = 0
         self.inline_fallbacks = 0
+        self.refreshes = 0
+        """Refreshes this rank computed and swapped in (or failed), and their worker seconds."""
+        self.work_seconds = 0.0
         self.waited_seconds = 0.0
         self._consecutive: dict[BlockKey, int] = dict.fromkeys(self.blocks, 0)
         self._refresh_seconds: dict[BlockKey, float] = {}
@@ -321,7 +324,13 @@ class RefreshEngine:
 
     def _swap(self, item: Outstanding, policy: Policy) -> None:
         ok = item.result is not None and item.error is None
-        self.reporter.refresh_done(self._refresh_seconds.get(item.key, 0.0), ok=ok)
+        if item.delivery is None:  # this rank's own refresh: its work counts here
+            seconds = self._refresh_seconds.get(item.key, 0.0)
+            self.reporter.refresh_done(seconds, ok=ok)
+            self.refreshes += 1
+            self.work_seconds += seconds
+        elif not ok:  # another rank's failed refresh: every rank keeps its basis and counts it
+            self.reporter.refresh_done(0.0, ok=False)
         if ok:
             self.opt.apply_refresh(item.key, item.result)
             self._consecutive[item.key] = 0

@@ -113,6 +113,8 @@ class Runtime:
         if isinstance(optimizer, BlockPreconditioner):
             # Refreshes run off the critical path under the policy; state has a home tier.
             self.exchange = _exchange_for(optimizer, self.policy, distributed)
+            if self.exchange is not None:  # only a block's owner keeps its factor statistics
+                optimizer.keeps_factor = self.exchange.owns
             self.refresh = RefreshEngine(optimizer, self.policy, self.reporter, fn=refresh_fn,
                                          exchange=self.exchange)
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)

@@ -100,7 +100,9 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    exchange = runtime.exchange
+    exchange, engine = runtime.exchange, runtime.refresh
+    factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
+                       for dims in state.get("factors", []) if dims is not None for f in dims)
     runtime.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +117,8 @@ def main() -> None:
                        "staleness_bound": r.refresh.staleness_bound,
                        "failures": r.refresh.failures})} for r in records],
         "policy_change_refused": refused,
+        "factor_bytes": factor_bytes, "refreshes": engine.refreshes,
+        "refresh_seconds": engine.work_seconds,
         "owned": None if exchange is None else sum(exchange.owns(k) for k in exchange.owners),
         "blocks": None if exchange is None else len(exchange.owners),
         "bytes_sent": None if exchange is None else exchange.bytes_sent,

@@ -36,10 +36,10 @@ def torchrun(out: Path, *extra: str, nproc: int = 2, nnodes: int = 1) -> None:
         assert proc.returncode == 0, output[-4000:]
 
 
-def single(out: Path) -> dict[str, torch.Tensor]:
+def single(out: Path) -> tuple[dict[str, torch.Tensor], dict]:
     subprocess.run([sys.executable, str(SCRIPT), "--single", "--steps", str(STEPS), "--out",
                     str(out)], check=True, timeout=300)
-    return torch.load(out / "rank0.pt")
+    return torch.load(out / "rank0.pt"), json.loads((out / "rank0.json").read_text())
 
 
 def ranks(out: Path, world: int) -> tuple[list[dict], list[dict]]:
@@ -53,7 +53,7 @@ def relative(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+def reference(tmp_path_factory) -> tuple[dict[str, torch.Tensor], dict]:
     """The single-process run on the same global batch with the same swap schedule."""
     return single(tmp_path_factory.mktemp("single"))
 
@@ -66,10 +66,15 @@ def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, refe
     params, reports = ranks(tmp_path, world)
     for other in params[1:]:
         assert all(torch.equal(params[0][k], other[k]) for k in params[0])
-    assert relative(params[0], reference) < 1e-5
-    # Every block has one owner; refresh work is shared, not repeated.
+    single_params, single_report = reference
+    assert relative(params[0], single_params) < 1e-5
+    # Every block has one owner: refresh work and factor memory are shared, not repeated
+    # (the four blocks are alike, so each rank holds 1/world of them).
     assert sum(r["owned"] for r in reports) == reports[0]["blocks"]
-    assert all(r["owned"] >= 1 for r in reports)
+    assert sum(r["refreshes"] for r in reports) == single_report["refreshes"]
+    for r in reports:
+        assert r["owned"] == reports[0]["blocks"] // world
+        assert r["factor_bytes"] == single_report["factor_bytes"] // world
     for r in reports:
         assert r["local_world"] == nproc
         assert [s["step"] for s in r["steps"]] == list(range(1, STEPS + 1))
