@@ -237,6 +237,11 @@ class LivePolicy:
         self._last_boundary = start_step
         self._validators: list[Validator] = []
         self._listeners: list[Callable[[PolicyChange], None]] = []
+        self._taken: list[PolicyChange] = []
+        self.apply_after = 1
+        """Boundaries from the next one to the one that applies a queued change: 1 in one
+        process; 2 in a data-parallel run (rank 0 takes it at the next boundary, and every rank
+        applies it at the one after: `take_pending`, `apply`)."""
 
     @property
     def current(self) -> Policy:
@@ -269,7 +274,8 @@ class LivePolicy:
                 validator(proposed)
             diff = {k: (getattr(base, k), v) for k, v in changes.items() if getattr(base, k) != v}
             change = PolicyChange(version=self._newest_version + 1,
-                                  effective_step=self._last_boundary + 2, diff=diff,
+                                  effective_step=self._last_boundary + 1 + self.apply_after,
+                                  diff=diff,
                                   client=client, requested_at=time.time())
             self._newest, self._newest_version = proposed, change.version
             self._pending.append(change)
@@ -291,10 +297,37 @@ class LivePolicy:
                 listener(change)
         return applied
 
+    def take_pending(self, step: int) -> tuple[Policy, int, list[PolicyChange]]:
+        """Data-parallel, on rank 0 at the boundary after `step`: the changes queued so far, out
+        of the queue, with the policy and version they make, for every rank to `apply` at the
+        next boundary (they stay `pending()` until then)."""
+        with self._lock:
+            self._last_boundary = step
+            self._taken, self._pending = self._pending, []
+            return self._newest, self._newest_version, list(self._taken)
+
+    def apply(self, policy: Policy, version: int, changes: list[PolicyChange],
+              step: int) -> list[PolicyChange]:
+        """Data-parallel, on every rank at the boundary after `step`: make `policy` (`version`)
+        current from step + 1 on, with `changes` recorded as applied there."""
+        with self._lock:
+            self._last_boundary = step
+            applied = [dataclasses.replace(c, effective_step=step + 1, applied_at=time.time())
+                       for c in changes]
+            self._current, self._version = policy, version
+            if version > self._newest_version:  # a rank that proposes nothing follows rank 0
+                self._newest, self._newest_version = policy, version
+            self._taken = []
+            self._history.extend(applied)
+        for change in applied:
+            for listener in self._listeners:
+                listener(change)
+        return applied
+
     def history(self) -> list[PolicyChange]:
         with self._lock:
             return list(self._history)
 
     def pending(self) -> list[PolicyChange]:
         with self._lock:
-            return list(self._pending)
+            return [*self._taken, *self._pending]

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asteria_core.distributed import Topology, VersionExchange, assign_owners
+from asteria_core.distributed import PolicySync, Topology, VersionExchange, assign_owners
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy, PolicyError
@@ -110,11 +110,14 @@ class Runtime:
         self.refresh: RefreshEngine | None = None
         self.tiers: TierStore | None = None
         self.exchange: VersionExchange | None = None
+        self.policy_sync: PolicySync | None = None
+        if _data_parallel(distributed):  # every group is created in this order on every rank
+            self.policy_sync = PolicySync(self.policy, dist.get_rank(), self.reporter)
+            if isinstance(optimizer, BlockPreconditioner):
+                self.exchange = _exchange_for(optimizer, self.policy)
+                optimizer.keeps_factor = self.exchange.owns  # only owners keep factors
         if isinstance(optimizer, BlockPreconditioner):
             # Refreshes run off the critical path under the policy; state has a home tier.
-            self.exchange = _exchange_for(optimizer, self.policy, distributed)
-            if self.exchange is not None:  # only a block's owner keeps its factor statistics
-                optimizer.keeps_factor = self.exchange.owns
             self.refresh = RefreshEngine(optimizer, self.policy, self.reporter, fn=refresh_fn,
                                          exchange=self.exchange)
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
@@ -234,6 +237,8 @@ class Runtime:
                 self.refresh.close()
             if self.exchange is not None:
                 self.exchange.close()
+            if self.policy_sync is not None:
+                self.policy_sync.close()
             if self.tiers is not None:
                 self.tiers.close()
             self.reporter.close()
@@ -334,13 +339,16 @@ class Runtime:
 
     def _boundary(self) -> dict[str, Any]:
         """The step boundary, in order (docs/architecture.md, "The step boundary"):
-        1. policy: changes queued since the last boundary take effect from the next step;
+        1. policy: changes queued since the last boundary take effect from the next step (in a
+           data-parallel run, those rank 0 sent at the last boundary, on every rank);
         2. tiers: re-plan and migrate state after a budget change;
         3. refresh: swap in due bases (waiting only at the bound), snapshot and queue the
            blocks due a refresh;
         4. boundary hooks (e.g. distributed version exchange).
         Returns the record sections of the parts that have figures."""
-        if self.policy.apply_pending(self.step):
+        applied = self.policy_sync.at_boundary(self.step) if self.policy_sync is not None \
+            else self.policy.apply_pending(self.step)
+        if applied:
             self.reporter.set_policy_version(self.policy.version)
         sections: dict[str, Any] = {}
         if self.tiers is not None:
@@ -353,26 +361,27 @@ class Runtime:
         return sections
 
 
-def _exchange_for(optimizer: BlockPreconditioner, policy: LivePolicy,
-                  distributed: bool | None) -> VersionExchange | None:
-    """The version exchange of this rank in a data-parallel job, or None for one process."""
+def _data_parallel(distributed: bool | None) -> bool:
+    """Whether this runtime is one rank of a data-parallel job."""
     running = dist.is_available() and dist.is_initialized()
     if distributed and not running:
         raise ValueError("distributed: got True, but torch.distributed is not initialized; "
                          "launch with torchrun and call init_process_group first")
-    if distributed is False or not running or dist.get_world_size() == 1:
-        return None
-    if policy.current.swap_mode != "deterministic":
-        raise PolicyError("swap_mode", f"got {policy.current.swap_mode!r}; allowed: "
-                          "deterministic in a data-parallel run (every rank swaps at one step)")
+    return distributed is not False and running and dist.get_world_size() > 1
 
-    def same_step_on_every_rank(proposed: Policy) -> None:
-        raise PolicyError("policy", "changes in a data-parallel run are not applied yet: "
-                          "they must reach every rank at one step (not built yet)")
 
-    policy.add_validator(same_step_on_every_rank)
+def _exchange_for(optimizer: BlockPreconditioner, policy: LivePolicy) -> VersionExchange:
+    """This rank's version exchange: owners from the blocks and torchrun's topology."""
+    _deterministic(policy.current)
+    policy.add_validator(_deterministic)
     topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
     return VersionExchange(topology, assign_owners(optimizer.refresh_blocks(), topology))
+
+
+def _deterministic(policy: Policy) -> None:
+    if policy.swap_mode != "deterministic":
+        raise PolicyError("swap_mode", f"got {policy.swap_mode!r}; allowed: deterministic in a "
+                          "data-parallel run (every rank swaps a new basis at one step)")
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:

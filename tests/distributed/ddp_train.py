@@ -89,12 +89,12 @@ def main() -> None:
     records = []
     runtime.add_listener(records.append)
     share = GLOBAL_BATCH // world
-    refused = None
+    change, refused = None, None
     for step, (x, y) in enumerate(global_batches(args.steps)):
-        if step == 5 and world > 1:  # refused whole until changes reach every rank at one step
+        if step == 5 and world > 1:  # the same swap schedule: d stays 2
             try:
-                runtime.policy.propose({"staleness_bound": 3})
-            except asteria.PolicyError as err:
+                change = runtime.policy.propose({"staleness_bound": 3}).effective_step
+            except asteria.PolicyError as err:  # on the ranks other than 0
                 refused = str(err)
         _, loss = net(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share])
         loss.backward()
@@ -109,14 +109,15 @@ def main() -> None:
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world": world, "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-        "steps": [{"step": r.step, "loss": r.loss,
+        "steps": [{"step": r.step, "loss": r.loss, "policy_version": r.policy_version,
                    "sync_wait": r.timing.idle_seconds["sync_wait"],
                    "refresh_wait": r.timing.idle_seconds["refresh_wait"],
                    **({} if r.refresh is None else {
                        "staleness_max": r.refresh.staleness_max,
                        "staleness_bound": r.refresh.staleness_bound,
                        "failures": r.refresh.failures})} for r in records],
-        "policy_change_refused": refused,
+        "policy_change_effective_step": change, "policy_change_refused": refused,
+        "history": [[c.version, c.effective_step] for c in runtime.policy.history()],
         "factor_bytes": factor_bytes, "refreshes": engine.refreshes,
         "refresh_seconds": engine.work_seconds,
         "owned": None if exchange is None else sum(exchange.owns(k) for k in exchange.owners),

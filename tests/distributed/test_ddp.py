@@ -81,7 +81,16 @@ def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, refe
         assert max(s["staleness_max"] for s in r["steps"]) <= BOUND
         assert all(s["failures"] == 0 for s in r["steps"])
         assert r["bytes_received"] > 0 and r["bytes_sent"] > 0
-        assert "not applied yet" in r["policy_change_refused"]
+    # A policy change proposed on rank 0 (whose control plane takes PATCHes) is in force from
+    # the step it answered, on every rank; the other ranks refuse changes of their own.
+    effective = reports[0]["policy_change_effective_step"]
+    assert effective == 5 + 3  # proposed after step 5's boundary: taken at 6, applied at 7
+    for r in reports:
+        versions = [s["policy_version"] for s in r["steps"]]
+        assert versions == [1] * (effective - 1) + [2] * (STEPS - effective + 1)
+        assert r["history"] == [[2, effective]]
+    for r in reports[1:]:
+        assert "go through rank 0" in r["policy_change_refused"]
 
 
 def test_a_slow_owner_makes_only_the_others_wait_and_never_past_the_bound(tmp_path):
