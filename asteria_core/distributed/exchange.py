@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from asteria_core.distributed.topology import Topology
 from asteria_core.optim.seam import BlockKey, RefreshResult
+from asteria_core.telemetry.records import DistributedFigures
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,13 @@ class VersionExchange:
             raise RuntimeError(f"the version exchange failed: {self._failed}") from self._failed
         self._queue.put(transfer)
         return transfer
+
+    def figures(self) -> DistributedFigures:
+        topo = self.topology
+        return DistributedFigures(rank=topo.rank, world=topo.world, node=topo.node,
+                                  owned_blocks=sum(o == topo.rank for o in self.owners.values()),
+                                  bytes_sent=self.bytes_sent,
+                                  bytes_received=self.bytes_received)
 
     def close(self, timeout: float = 30.0) -> None:
         self._queue.put(None)

@@ -90,7 +90,10 @@ class Runtime:
             raise ValueError("this optimizer already has a runtime attached")
         self.optimizer = optimizer
         self.model = model
+        parallel = _data_parallel(distributed)
         self.run_id = run_id or new_run_id()
+        if parallel:  # one run: rank 0's id on every rank
+            self.run_id = _shared_run_id(self.run_id)
         self.run_dir = Path(run_dir) if run_dir is not None else Path("runs") / self.run_id
         self.optimizer_name = optimizer_name or type(optimizer).__name__.lower()
         self.policy = policy if isinstance(policy, LivePolicy) else \
@@ -111,7 +114,7 @@ class Runtime:
         self.tiers: TierStore | None = None
         self.exchange: VersionExchange | None = None
         self.policy_sync: PolicySync | None = None
-        if _data_parallel(distributed):  # every group is created in this order on every rank
+        if parallel:  # every group is created in this order on every rank
             self.policy_sync = PolicySync(self.policy, dist.get_rank(), self.reporter)
             if isinstance(optimizer, BlockPreconditioner):
                 self.exchange = _exchange_for(optimizer, self.policy)
@@ -356,6 +359,8 @@ class Runtime:
         if self.refresh is not None:
             self.refresh.on_boundary(self.step)
             sections["refresh"] = self.refresh.figures
+        if self.exchange is not None:
+            sections["distributed"] = self.exchange.figures()
         for hook in list(self._boundary_hooks):
             hook(self.step)
         return sections
@@ -368,6 +373,13 @@ def _data_parallel(distributed: bool | None) -> bool:
         raise ValueError("distributed: got True, but torch.distributed is not initialized; "
                          "launch with torchrun and call init_process_group first")
     return distributed is not False and running and dist.get_world_size() > 1
+
+
+def _shared_run_id(run_id: str) -> str:
+    """Rank 0's run id on every rank: one run, whatever each rank made up alone."""
+    shared = [run_id]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def _exchange_for(optimizer: BlockPreconditioner, policy: LivePolicy) -> VersionExchange:

@@ -71,6 +71,20 @@ class EnergyFigures:
 
 
 @dataclass(slots=True)
+class DistributedFigures:
+    """This rank's place in a data-parallel run and what its version exchange moved so far."""
+
+    rank: int
+    world: int
+    node: int
+    owned_blocks: int
+    """Preconditioner blocks this rank refreshes (and keeps the factor statistics of)."""
+    bytes_sent: int
+    """Logical bytes of new bases this rank sent (payload x receivers), since the start."""
+    bytes_received: int
+
+
+@dataclass(slots=True)
 class StepRecord:
     step: int
     """1-based index of the optimizer step this record describes."""
@@ -96,6 +110,7 @@ class StepRecord:
     refresh: RefreshFigures | None = None
     tiers: TierFigures | None = None
     energy: EnergyFigures | None = None
+    distributed: DistributedFigures | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Figures a user's loop logged itself (`runtime.log(name=value)`), by its own names."""
 

@@ -8,9 +8,11 @@ bytes exchanged, blocks owned).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
+from asteria_core.distributed import serve_rank_metrics
 from asteria_core.optim.seam import refresh_fn
 
 GLOBAL_BATCH, IN, HIDDEN, OUT = 64, 24, 24, 24
@@ -64,6 +67,7 @@ def main() -> None:
     cli.add_argument("--slow-rank", type=int, default=-1)
     cli.add_argument("--slow-seconds", type=float, default=0.0)
     cli.add_argument("--optimizer", default="soap")
+    cli.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on PORT + rank")
     cli.add_argument("--every-rank-refreshes", action="store_true",
                      help="no owner ranks: each rank refreshes every block (a reference)")
     args = cli.parse_args()
@@ -88,6 +92,10 @@ def main() -> None:
                               distributed=False if args.every_rank_refreshes else None)
     records = []
     runtime.add_listener(records.append)
+    metrics_port = None
+    if args.metrics_port and world > 1:
+        metrics_port = serve_rank_metrics(runtime.telemetry, rank, base_port=args.metrics_port,
+                                          targets_dir=Path(args.out) / "targets")
     share = GLOBAL_BATCH // world
     change, refused = None, None
     for step, (x, y) in enumerate(global_batches(args.steps)):
@@ -101,6 +109,8 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     exchange, engine = runtime.exchange, runtime.refresh
+    scraped = "" if metrics_port is None else urllib.request.urlopen(
+        f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
                        for dims in state.get("factors", []) if dims is not None for f in dims)
     runtime.close()
@@ -116,6 +126,9 @@ def main() -> None:
                        "staleness_max": r.refresh.staleness_max,
                        "staleness_bound": r.refresh.staleness_bound,
                        "failures": r.refresh.failures})} for r in records],
+        "run_id": runtime.run_id, "metrics": scraped,
+        "distributed": None if records[-1].distributed is None else
+        dataclasses.asdict(records[-1].distributed),
         "policy_change_effective_step": change, "policy_change_refused": refused,
         "history": [[c.version, c.effective_step] for c in runtime.policy.history()],
         "factor_bytes": factor_bytes, "refreshes": engine.refreshes,

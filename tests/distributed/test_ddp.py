@@ -62,7 +62,8 @@ def reference(tmp_path_factory) -> tuple[dict[str, torch.Tensor], dict]:
 def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, reference,
                                                                   nnodes, nproc):
     world = nnodes * nproc
-    torchrun(tmp_path, nproc=nproc, nnodes=nnodes)
+    base_port = free_port()
+    torchrun(tmp_path, "--metrics-port", str(base_port), nproc=nproc, nnodes=nnodes)
     params, reports = ranks(tmp_path, world)
     for other in params[1:]:
         assert all(torch.equal(params[0][k], other[k]) for k in params[0])
@@ -81,6 +82,16 @@ def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, refe
         assert max(s["staleness_max"] for s in r["steps"]) <= BOUND
         assert all(s["failures"] == 0 for s in r["steps"])
         assert r["bytes_received"] > 0 and r["bytes_sent"] > 0
+        # One run, every rank observable: its record section, its own /metrics and target.
+        assert r["run_id"] == "ddp-rank0"
+        section = r["distributed"]  # at the last boundary; the last round travels on after it
+        assert (section["rank"], section["world"], section["node"], section["owned_blocks"]) \
+            == (r["rank"], world, r["rank"] // nproc, r["owned"])
+        assert 0 < section["bytes_received"] <= r["bytes_received"]
+        assert 'run_id="ddp-rank0"' in r["metrics"]
+        assert 'asteria_device_idle_seconds_total{cause="sync_wait"}' in r["metrics"]
+        target = (tmp_path / "targets" / f"asteria-rank{r['rank']}.yml").read_text()
+        assert f'127.0.0.1:{base_port + r["rank"]}' in target and f'rank: "{r["rank"]}"' in target
     # A policy change proposed on rank 0 (whose control plane takes PATCHes) is in force from
     # the step it answered, on every rank; the other ranks refuse changes of their own.
     effective = reports[0]["policy_change_effective_step"]
