@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from asteria_core.telemetry.core import Telemetry
+if TYPE_CHECKING:  # importing the runtime loads no prometheus_client
+    from asteria_core.telemetry.core import Telemetry
 
 
 def serve_rank_metrics(telemetry: Telemetry, rank: int, *, host: str = "127.0.0.1",
