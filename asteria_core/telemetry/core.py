@@ -81,6 +81,11 @@ class Telemetry:
         if meters is None:
             meters = build_meters(self.config, nvml_lib=nvml_lib)
         self.energy = EnergyMonitor(meters, min_interval=self.config.energy_poll_seconds)
+        self._estimates = [m for m in meters if isinstance(m, ModelMeter)]
+        """Estimates cost no device query: read at every step's end, with the record's time, so
+        a record's joules and time are taken together (measured meters keep the poll interval,
+        and a record carries their latest reading)."""
+        self._step_estimate: dict[str, float] = {}
         self.run_id, self._optimizer = "", ""
 
     # ----------------------------------------------------------------------- wiring
@@ -160,6 +165,13 @@ class Telemetry:
 
     # ----------------------------------------------------------------------- per step
     def split_step(self, phase_seconds: dict[str, float], wall: float) -> TimingFigures:
+        # The step ends now: the estimate up to here belongs to this step's record. Read at
+        # observe time instead, it would also hold what ran between the step and its record's
+        # completion (an evaluation, a checkpoint), over the step's own wall time.
+        estimate: dict[str, float] = {}
+        for meter in self._estimates:
+            estimate[meter.source] = estimate.get(meter.source, 0.0) + meter.joules()
+        self._step_estimate = estimate
         compute, idle = breakdown(phase_seconds, wall, self._ledger.take_step())
         busy = sum(compute.values()) / wall if wall > 0 else 0.0
         return TimingFigures(compute_seconds=compute, idle_seconds=idle, device_busy_ratio=busy)
@@ -177,7 +189,8 @@ class Telemetry:
             self._losses["eval_loss"] = record.eval_loss
         self._exporter.add_idle(self._ledger.take_outside())
         self.energy.poll()
-        joules = self.energy.joules_by_source()
+        joules = {**self.energy.joules_by_source(), **self._step_estimate}
+        self._step_estimate = {}
         if joules:
             record.energy = EnergyFigures(joules=joules)
         if record.eval_loss is not None:

@@ -82,8 +82,13 @@ class ModelMeter:
         self._start = time.process_time()
         self._rate = _Rate()
 
+    def joules(self) -> float:
+        """The estimate now, without touching the power rate of `read` (telemetry reads this at
+        every step's end, so a step record is credited its own CPU time, not a poll's lump)."""
+        return (time.process_time() - self._start) * self.watts
+
     def read(self) -> list[Reading]:
-        joules = (time.process_time() - self._start) * self.watts
+        joules = self.joules()
         watts = self._rate(joules, time.perf_counter())
         return [Reading("cpu", self.source, joules=joules, watts=watts)]
 

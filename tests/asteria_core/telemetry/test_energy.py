@@ -4,13 +4,14 @@ modelled estimate, joules per token and energy to a target loss."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
+from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.core import Telemetry
 from asteria_core.telemetry.energy import EnergyMonitor, RaplMeter
 from asteria_core.telemetry.nvml import NvmlMeter
-from asteria_core.telemetry.config import TelemetryConfig
 from tests.asteria_core.telemetry.conftest import families, samples, value
 from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml
 
@@ -153,6 +154,24 @@ def test_modelled_energy_is_exported_only_as_source_model(telemetry_run):
     assert "estimate" in fams["asteria_energy_joules"].documentation
     assert value(fams, "asteria_energy_source_available", source="model") == 1
     assert value(fams, "asteria_energy_source_available", source="nvml") == 0
+
+
+def test_a_modelled_record_is_credited_its_own_cpu_time_never_over_the_ceiling(telemetry_run):
+    # Evaluations run between a step's end and its record's completion. The estimate is read
+    # with the step's end, so each record's power (joules over time since the previous record)
+    # is at most every core busy: cores x watts. A poll at completion put the evaluation's CPU
+    # time, and a poll interval's lump, over one step's wall time.
+    watts = 15.0
+    trainer = telemetry_run(steps=12, eval_interval=3, eval_batches=40, telemetry={
+        "nvml": False, "rapl": False, "model_cpu_watts": watts, "energy_poll_seconds": 1.0})
+    trainer.train(progress=False)
+    records = trainer.records
+    joules = [r.energy.joules["model"] for r in records]
+    assert all(b > a for a, b in zip(joules, joules[1:], strict=False))  # credited every step
+    power = [(b.energy.joules["model"] - a.energy.joules["model"]) / (b.time - a.time)
+             for a, b in zip(records, records[1:], strict=False)]
+    ceiling = len(os.sched_getaffinity(0)) * watts
+    assert max(power) <= ceiling * 1.01, (max(power), ceiling)
 
 
 def test_energy_to_target_loss_is_set_once_when_eval_loss_first_reaches_it(telemetry_run):
