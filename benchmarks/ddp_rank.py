@@ -1,0 +1,106 @@
+"""One rank of bench_distributed.py's runs (launched by torch.distributed.run): a GPT trained
+with DDP and the runtime attached; writes <out>/rank<r>.json with its measured figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import asteria_core as asteria  # noqa: E402
+from asteria_core.train.config import ModelConfig  # noqa: E402
+from asteria_core.train.data import BatchLoader, encode, load_corpus, split_tokens  # noqa: E402
+from asteria_core.train.model import GPT  # noqa: E402
+
+MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=64)
+BATCH = 8  # sequences per rank
+
+
+def main() -> None:
+    cli = argparse.ArgumentParser()
+    cli.add_argument("--out", required=True)
+    cli.add_argument("--optimizer", default="soap")
+    cli.add_argument("--steps", type=int, default=40)
+    cli.add_argument("--interval", type=int, default=10)
+    cli.add_argument("--bound", type=int, default=5)
+    cli.add_argument("--delay", default="auto")
+    cli.add_argument("--workers", type=int, default=1)
+    cli.add_argument("--allgather", action="store_true",
+                     help="also all-gather a parameter-sized buffer every step (Distributed "
+                          "Shampoo's search-direction exchange), to time it here")
+    args = cli.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = GPT(MODEL)
+    net = DistributedDataParallel(model)
+    delay = args.delay if args.delay == "auto" else int(args.delay)
+    policy = asteria.Policy(refresh_interval=args.interval, staleness_bound=args.bound,
+                            swap_delay=delay, workers=args.workers)
+    opt = asteria.optimizer(model, args.optimizer, lr=3e-3, policy=policy,
+                            telemetry=asteria.TelemetryConfig(nvml=False, rapl=False))
+    runtime = opt.runtime
+    records = []
+    runtime.add_listener(records.append)
+    tokens, _ = split_tokens(encode(load_corpus("")), 0.1, MODEL.block_size)
+    loader = BatchLoader(tokens, MODEL.block_size, BATCH, seed=1337 + rank)
+    n_params = sum(p.numel() for p in model.parameters())
+    gather_in = torch.zeros(n_params // world + 1)
+    gather_out = [torch.zeros_like(gather_in) for _ in range(world)]
+    gather_seconds = []
+    step_seconds = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        x, y = loader.next_batch()
+        _, loss = net(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if args.allgather:
+            t1 = time.perf_counter()
+            dist.all_gather(gather_out, gather_in)
+            gather_seconds.append(time.perf_counter() - t1)
+        runtime.end_step()
+        step_seconds.append(time.perf_counter() - t0)
+    refresh, exchange = runtime.refresh, runtime.exchange
+    factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
+                       for dims in state.get("factors", []) if dims is not None for f in dims)
+    runtime.close()
+    skip = args.interval  # the first round holds every block's first eigendecomposition
+    steady = records[skip:]
+    report = {
+        "rank": rank, "world": world, "optimizer": args.optimizer, "params": n_params,
+        "step_ms_median": 1e3 * statistics.median(step_seconds[skip:]),
+        "step_ms_mean": 1e3 * statistics.fmean(step_seconds[skip:]),
+        "sync_wait_ms_per_step": 1e3 * statistics.fmean(
+            r.timing.idle_seconds["sync_wait"] for r in steady),
+        "refresh_wait_ms_per_step": 1e3 * statistics.fmean(
+            r.timing.idle_seconds["refresh_wait"] for r in steady),
+        "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh), default=0),
+        "refreshes": refresh.refreshes if refresh else 0,
+        "refresh_seconds": refresh.work_seconds if refresh else 0.0,
+        "factor_bytes": factor_bytes,
+        "bytes_sent": exchange.bytes_sent if exchange else 0,
+        "bytes_received": exchange.bytes_received if exchange else 0,
+        "allgather_ms_per_step": 1e3 * statistics.fmean(gather_seconds) if gather_seconds
+        else None,
+        "allgather_bytes_per_step": (world - 1) * gather_in.numel() * 4 if gather_seconds
+        else None,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
