@@ -157,6 +157,12 @@ def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult
         transport_bb = overlap_transport(_basis(snapshot).to(dtype), q_new_bb)
         transport_bb = transport_bb.to(snapshot.factor.dtype)
         perm_b = None
+    elif snapshot.base_version == 0 and config.method != "inverse_root":
+        # The first basis replaces the initial identity, which the references never train with
+        # (their first basis comes before any update), so their rule has nothing to say here.
+        # Statistics gathered in identity coordinates are carried over exactly (diagonal of the
+        # old second moment seen in the new basis), not read index-aligned (docs/optimizers.md).
+        transport_bb = q_new_bb.square().to(snapshot.factor.dtype)
     # Contiguous in the factor's dtype: the swap installs it as it is, with no copy.
     return RefreshResult(key=snapshot.key, stats_step=snapshot.stats_step,
                          base_version=snapshot.base_version,
