@@ -21,10 +21,10 @@ if TYPE_CHECKING:  # importing the runtime loads no prometheus_client
 def serve_rank_metrics(telemetry: Telemetry, rank: int, *, host: str = "127.0.0.1",
                        base_port: int = 9400, targets_dir: str | Path | None = None,
                        advertise: str | None = None) -> int:
-    """Serve this rank's /metrics on base_port + rank; with `targets_dir`, write its file_sd
-    target (`advertise`: the address Prometheus reaches it at, default `host`). Returns the
-    port."""
-    port = telemetry.serve(host, base_port + rank)
+    """Serve this rank's /metrics on base_port + rank (base_port 0: any free port); with
+    `targets_dir`, write its file_sd target (`advertise`: the address Prometheus reaches it at,
+    default `host`). Returns the port."""
+    port = telemetry.serve(host, base_port + rank if base_port else 0)
     if targets_dir is not None:
         folder = Path(targets_dir)
         folder.mkdir(parents=True, exist_ok=True)

@@ -233,6 +233,10 @@ class Runtime:
         self._closed = True
         try:
             self.end_step()
+            if self.exchange is not None:
+                # Every rank posted the same transfers: complete them all (the workers would
+                # drop what is queued), so no rank's exchange is left inside a collective.
+                self.refresh.settle()
         finally:
             for handle in self._handles:
                 handle.remove()

@@ -14,6 +14,7 @@ import torch
 
 from asteria_core.distributed import Topology, assign_owners
 from asteria_core.optim.seam import BlockInfo, BlockKey
+from backend.store import RunStore
 from tests.backend.conftest import free_port
 
 pytestmark = pytest.mark.multiproc
@@ -137,3 +138,27 @@ def test_owners_balance_refresh_cost_over_nodes_then_ranks():
     assert all(load > 0 for load in per_rank)
     with pytest.raises(ValueError, match="not a torchrun layout"):
         Topology(world=3, rank=0, local_world=2)
+
+
+def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path):
+    """examples/ddp_loop.py under torchrun: rank 0 serves the run, rank 1 its own /metrics."""
+    example = Path(__file__).parents[2] / "examples" / "ddp_loop.py"
+    data = tmp_path / "data"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(example), "--steps", "12", "--port",
+         str(free_port()), "--metrics-port", "0", "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rank 0: final loss" in proc.stdout and "rank 1: final loss" in proc.stdout
+    store = RunStore(data / "asteria.db")
+    try:
+        [run] = store.list_runs()
+        assert run["status"] == "finished" and run["config"]["optim"]["name"] == "soap"
+        steps = store.steps(run["id"], 0, 100)
+        assert [s["step"] for s in steps] == list(range(1, 13))
+        assert {s["distributed"]["world"] for s in steps} == {2}
+    finally:
+        store.close()
+    target = (data / "targets" / "asteria-rank1.yml").read_text()
+    assert 'rank: "1"' in target
