@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asteria_core.machine import MACHINE
+
 SWAP_MODES = ("deterministic", "opportunistic")
 PRIORITIES = ("stale_then_cost", "fifo")
 WORKER_KINDS = ("thread", "process")
@@ -140,10 +142,13 @@ class Policy:
         "deterministic (swap at t + d) | opportunistic (swap as soon as ready, wait only at the "
         "bound).")
     workers: int = _int(
-        1, 0, 256, "Refresh workers (0 = inline)",
-        "Host refresh workers; 0 computes refreshes inline (the native reference).")
+        1, 0, MACHINE.max_workers, "Refresh workers (0 = inline)",
+        "Host refresh workers; 0 computes refreshes inline (the native reference). At most "
+        f"one per core of this machine ({MACHINE.max_workers}); as processes, at most "
+        f"{MACHINE.max_process_workers} (each takes about 512 MiB of the memory budget).")
     worker_threads: int = _int(
-        1, 1, 256, "Threads per worker", "torch intra-op threads per refresh worker.")
+        1, 1, MACHINE.max_threads, "Threads per worker",
+        f"torch intra-op threads per refresh worker; at most the cores ({MACHINE.max_threads}).")
     worker_kind: str = _choice(
         "thread", WORKER_KINDS, "Worker kind",
         "thread | process: where refreshes run (processes can be killed when one hangs).")
@@ -184,6 +189,10 @@ class Policy:
         if self.swap_delay != AUTO and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
+        if self.worker_kind == "process" and self.workers > MACHINE.max_process_workers:
+            raise PolicyError("workers", f"got {self.workers} process workers; allowed: at most "
+                                         f"{MACHINE.max_process_workers} on this machine "
+                                         f"({MACHINE.describe()}, about 512 MiB each)")
         if self.swap_mode == "opportunistic" and self.workers == 0:
             raise PolicyError("workers", "got 0; allowed: at least 1 in opportunistic mode "
                                          "(0 workers computes inline, which is deterministic)")
@@ -259,8 +268,12 @@ class LivePolicy:
         """Called with each change when it is applied (at a step boundary)."""
         self._listeners.append(listener)
 
-    def propose(self, changes: Mapping[str, Any], *, client: str = "local") -> PolicyChange:
-        """Validate `changes` over the newest policy and queue them; raises PolicyError."""
+    def propose(self, changes: Mapping[str, Any], *, client: str = "local",
+                persist: Callable[[PolicyChange], None] | None = None) -> PolicyChange:
+        """Validate `changes` over the newest policy and queue them; raises PolicyError.
+
+        `persist(change)` makes the accepted change durable before it is queued (the control
+        plane writes it to its store); if it raises, nothing is queued."""
         unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
             raise PolicyError(unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
@@ -277,6 +290,8 @@ class LivePolicy:
                                   effective_step=self._last_boundary + 1 + self.apply_after,
                                   diff=diff,
                                   client=client, requested_at=time.time())
+            if persist is not None:
+                persist(change)
             self._newest, self._newest_version = proposed, change.version
             self._pending.append(change)
             return change

@@ -30,6 +30,10 @@ def non_negative_int(key: str, value: int) -> None:
     check(is_int(value) and value >= 0, key, value, "an integer >= 0")
 
 
+def int_in(key: str, value: int, lo: int, hi: int) -> None:
+    check(is_int(value) and lo <= value <= hi, key, value, f"an integer in [{lo}, {hi}]")
+
+
 def finite_in(key: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (lo < value if lo_open else lo <= value) and value <= hi

@@ -28,7 +28,7 @@ from backend.fastlane import LiveReadFastLane
 from backend.routes import data, policy, runs
 from backend.runs import RunConflict, RunManager, RunNotFound
 from backend.settings import Settings, get_settings
-from backend.store import RunStore
+from backend.store import RunStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PolicyError)
     def bad_policy(_: Request, err: PolicyError) -> JSONResponse:
         return _error(422, ["body", err.field], str(err), "policy_error")
+
+    @app.exception_handler(StoreError)
+    def store_failed(_: Request, err: StoreError) -> JSONResponse:
+        # Logged by the store's writer, which goes on serving; this request alone fails.
+        return JSONResponse({"detail": str(err)}, status.HTTP_500_INTERNAL_SERVER_ERROR)
 
     @app.exception_handler(ConfigError)
     def bad_config(_: Request, err: ConfigError) -> JSONResponse:

@@ -53,9 +53,12 @@ def json_type(tp: Any) -> Any:
 def section_model(cls: type) -> type[BaseModel]:
     """Every key of one config section, optional (omitted keys take the default shown)."""
     hints, docs = typing.get_type_hints(cls), attribute_docs(cls)
-    fields = {f.name: (json_type(hints[f.name]), Field(default=f.default,
-                                                       description=docs.get(f.name)))
-              for f in dataclasses.fields(cls)}
+    limits = getattr(cls, "LIMITS", {})  # integer bounds, some derived from the machine
+    fields = {}
+    for f in dataclasses.fields(cls):
+        lo, hi = limits.get(f.name, (None, None))
+        fields[f.name] = (json_type(hints[f.name]), Field(default=f.default, ge=lo, le=hi,
+                                                          description=docs.get(f.name)))
     # Unknown keys pass through to config_from_dict, whose 422 lists the allowed keys; the
     # document still says there are none.
     config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})

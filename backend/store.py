@@ -8,12 +8,14 @@ own short-lived connections, which WAL lets run beside the writer.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,28 @@ CREATE TABLE IF NOT EXISTS policy_changes (
 );
 """
 ACTIVE_STATUSES = ("running", "paused")
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """A write the run store could not make; the request (or run) that needed it fails."""
+
+
+@dataclass(eq=False, slots=True)
+class _Write:
+    sql: str
+    args: tuple
+    what: str
+    error: str | None = None
+
+    def fail(self, err: BaseException) -> None:
+        if self.error is None:
+            self.error = f"{type(err).__name__}: {err}"
+            log.error("run store: could not write %s: %s", self.what, self.error)
+
+
+_FLUSH = _Write("", (), "flush")
+"""Ends the batch being collected at once (`flush`)."""
 
 
 class RunStore:
@@ -66,7 +90,7 @@ class RunStore:
             db.executescript(SCHEMA)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._flush_seconds = flush_seconds
-        self._queue: queue.Queue[tuple[str, tuple] | None] = queue.Queue()
+        self._queue: queue.Queue[_Write | None] = queue.Queue()
         self._flushed = threading.Condition()
         self._enqueued = 0
         self._written = 0
@@ -89,18 +113,25 @@ class RunStore:
             db.close()
 
     # ------------------------------------------------------------------ writes (queued)
-    def _put(self, sql: str, args: tuple, *, urgent: bool = False) -> None:
+    def _put(self, sql: str, args: tuple, *, urgent: bool = False, checked: bool = False,
+             what: str = "") -> None:
+        """Queue a write; `urgent` waits until it is committed, `checked` (urgent too) raises
+        StoreError if it failed. A failed write is logged and fails alone: the writer goes on."""
+        write = _Write(sql, args, what or sql.split("(")[0].strip())
         with self._flushed:
             self._enqueued += 1
-        self._queue.put((sql, args))
-        if urgent:
+        self._queue.put(write)
+        if urgent or checked:
             self.flush()
+        if checked and write.error is not None:
+            raise StoreError(f"the run store could not write {write.what}: {write.error}")
 
     def create_run(self, run_id: str, config: dict, run_dir: str, total_steps: int) -> None:
         now = time.time()
         self._put("INSERT INTO runs (id, status, config, run_dir, created_at, updated_at, "
                   "total_steps) VALUES (?, 'running', ?, ?, ?, ?, ?)",
-                  (run_id, json.dumps(config), run_dir, now, now, total_steps), urgent=True)
+                  (run_id, json.dumps(config), run_dir, now, now, total_steps), checked=True,
+                  what=f"run {run_id}")
 
     def set_status(self, run_id: str, status: str, *, error: str | None = None) -> None:
         self._put("UPDATE runs SET status=?, error=?, updated_at=? WHERE id=?",
@@ -116,22 +147,30 @@ class RunStore:
                   (run_id, step, record_json))
         self._put("UPDATE runs SET step=?, updated_at=? WHERE id=?", (step, time.time(), run_id))
 
+    def drop_steps_after(self, run_id: str, step: int) -> None:
+        """A run resumed from its checkpoint at `step` trains the later steps again."""
+        self._put("DELETE FROM steps WHERE run_id=? AND step>?", (run_id, step), urgent=True)
+
     def set_policy(self, run_id: str, policy: dict[str, Any], version: int) -> None:
         self._put("UPDATE runs SET policy=?, policy_version=?, updated_at=? WHERE id=?",
                   (json.dumps(policy), version, time.time(), run_id))
 
-    def add_policy_change(self, run_id: str, change: dict[str, Any]) -> None:
+    def add_policy_change(self, run_id: str, change: dict[str, Any], *,
+                          durable: bool = False) -> None:
+        """Record a change (pending while applied_at is None); `durable` returns only once it
+        is committed, raising StoreError if it could not be."""
         self._put("INSERT OR REPLACE INTO policy_changes (run_id, version, effective_step, diff, "
                   "client, requested_at, applied_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                   (run_id, change["version"], change["effective_step"],
                    json.dumps(change["diff"]), change["client"], change["requested_at"],
-                   change["applied_at"]))
+                   change["applied_at"]), checked=durable,
+                  what=f"policy version {change['version']} of run {run_id}")
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Block until everything enqueued so far is committed."""
+        """Block until everything enqueued so far is committed (or failed)."""
         with self._flushed:
             target = self._enqueued
-            self._queue.put(("__flush__", ()))
+            self._queue.put(_FLUSH)
             self._flushed.wait_for(lambda: self._written >= target, timeout=timeout)
 
     def close(self) -> None:
@@ -142,31 +181,51 @@ class RunStore:
     def _write_loop(self) -> None:
         db = self._connect()
         try:
-            while True:
-                item = self._queue.get()
-                if item is None:
-                    return
-                batch = [item]
-                deadline = time.monotonic() + self._flush_seconds
-                while item[0] != "__flush__" and (left := deadline - time.monotonic()) > 0:
-                    try:
-                        item = self._queue.get(timeout=left)
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        self._queue.put(None)  # finish this batch, then stop
-                        break
-                    batch.append(item)
-                writes = [(sql, args) for sql, args in batch if sql != "__flush__"]
-                db.execute("BEGIN")
-                for sql, args in writes:
-                    db.execute(sql, args)
-                db.execute("COMMIT")
+            while (batch := self._next_batch()) is not None:
+                writes = [w for w in batch if w is not _FLUSH]
+                self._commit(db, writes)
                 with self._flushed:
                     self._written += len(writes)
                     self._flushed.notify_all()
         finally:
             db.close()
+
+    def _next_batch(self) -> list[_Write] | None:
+        """The writes queued within `flush_seconds` of the first (a flush ends it early), or
+        None when the store closes."""
+        item = self._queue.get()
+        if item is None:
+            return None
+        batch = [item]
+        deadline = time.monotonic() + self._flush_seconds
+        while item is not _FLUSH and (left := deadline - time.monotonic()) > 0:
+            try:
+                item = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if item is None:
+                self._queue.put(None)  # finish this batch, then stop
+                break
+            batch.append(item)
+        return batch
+
+    def _commit(self, db: sqlite3.Connection, writes: list[_Write]) -> None:
+        """One transaction. A row that cannot be written (a value SQLite cannot hold, a broken
+        constraint) fails alone; a failed commit fails the batch. Either is logged, and the
+        writer keeps serving everyone else."""
+        try:
+            db.execute("BEGIN")
+            for write in writes:
+                try:
+                    db.execute(write.sql, write.args)
+                except Exception as err:
+                    write.fail(err)
+            db.execute("COMMIT")
+        except sqlite3.Error as err:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            for write in writes:
+                write.fail(err)
 
     # ------------------------------------------------------------------ reads
     def mark_interrupted(self) -> list[str]:

@@ -43,6 +43,7 @@ OPTIM_FORBIDDEN = ("threading", "multiprocessing", "torch.distributed")
 
 # asteria_core's layers, lowest first. Two units of one rank may not import each other.
 RANKS = {
+    "asteria_core.machine": -1,  # the machine's cores and memory: the bounds everything obeys
     "asteria_core.policy": 0,
     "asteria_core.optim": 0,
     "asteria_core.validation": 0,  # config checks shared by train's and telemetry's configs

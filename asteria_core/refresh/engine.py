@@ -190,6 +190,7 @@ class RefreshEngine:
                 else:
                     item.job = Job(job.snapshot, job.config, job.priority, ready=job.ready)
                     self._pool.submit(item.job)
+            old.retire()  # it stops once its running jobs are done: a change can be undone
             self._retired.append(old)
 
     def _start(self, snapshot, t: int, policy: Policy, ready) -> Outstanding:
@@ -375,7 +376,8 @@ class RefreshEngine:
         self.figures = RefreshFigures(
             staleness_max=max(stale, default=0), staleness_bound=policy.staleness_bound,
             queue_depth=depth, background_load=load, workers_busy_ratio=busy,
-            failures=self.failures, inline_fallbacks=self.inline_fallbacks)
+            failures=self.failures, inline_fallbacks=self.inline_fallbacks,
+            worker_deaths=sum(p.deaths for p in (self._pool, *self._retired) if p is not None))
 
     def _all_outstanding(self):
         for queue_ in self.outstanding.values():

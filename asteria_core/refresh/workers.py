@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -25,6 +26,7 @@ from typing import Any
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 
 RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -102,6 +104,7 @@ class ThreadWorkers:
     """`n` daemon threads sharing one priority queue."""
 
     kind = "thread"
+    deaths = 0  # a thread does not die unasked (a hung one is abandoned, not replaced)
 
     def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
         self._fn = fn
@@ -140,6 +143,11 @@ class ThreadWorkers:
         """Forget a job (a hung one): a thread cannot be killed, its late result is ignored."""
         job.cancelled = True
 
+    def retire(self) -> None:
+        """Take no more jobs (a policy change replaced this pool): each thread ends after the
+        job it is running."""
+        self._queue.close()
+
     @property
     def size(self) -> int:
         return len(self._threads)
@@ -174,12 +182,30 @@ def _private(snapshot: FactorSnapshot) -> FactorSnapshot:
     """A copy of a (possibly lent) snapshot to send to a process: pickling moves a tensor's
     storage into shared memory in place, which the optimizer's live tensors must not undergo.
     Runs on the dispatcher thread, off the training thread."""
+    if not isinstance(snapshot, FactorSnapshot):
+        return snapshot  # not the optimizer's (a test's own job): nothing to protect
     return dataclasses.replace(
         snapshot, factor=snapshot.factor.clone(),
         basis=None if snapshot.basis is None else snapshot.basis.clone())
 
 
+def _exit_with_parent() -> None:
+    """End this worker process when the one that started it dies: a kill -9 of the server runs
+    no cleanup, and a worker blocked on its inbox would otherwise live on, holding memory and
+    the resource tracker."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the parent's end of the sentinel pipe closes
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int) -> None:
+    _exit_with_parent()
     import torch
 
     torch.set_num_threads(threads)
@@ -206,24 +232,30 @@ class _Process:
 class ProcessWorkers:
     """`n` worker processes (spawned, so no OpenMP state is forked); one job each at a time.
 
-    A dispatcher thread hands the most urgent queued job to an idle process; a collector thread
-    receives results. A hung job's process is killed and replaced.
+    A dispatcher thread starts the processes (so building a pool never holds up the step
+    boundary) and hands the most urgent queued job to an idle one; a collector thread receives
+    results and watches the processes: one that died (killed, out of memory) is counted in
+    `deaths`, replaced, and its job queued again. A hung job's process is killed and replaced.
     """
 
     kind = "process"
+    REAP_SECONDS = 0.2
+    """How often the collector looks for dead processes."""
 
     def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
         self._ctx = mp.get_context("spawn")
-        self._fn, self._threads, self._nice = fn, threads_per_worker, nice
+        self._n, self._fn, self._threads, self._nice = n, fn, threads_per_worker, nice
         self._outbox = self._ctx.Queue()
         self._queue = _PriorityQueue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ids = itertools.count()
         self._jobs: dict[int, tuple[Job, _Process]] = {}
-        self._procs = [_Process(self._ctx, i, fn, threads_per_worker, nice, self._outbox)
-                       for i in range(n)]
+        self._procs: list[_Process] = []
+        self.deaths = 0
+        """Worker processes that died without being asked to (each replaced, its job requeued)."""
         self._closing = False
+        self._retiring = False
         self._dispatcher = threading.Thread(target=self._dispatch, name="refresh-dispatch",
                                             daemon=True)
         self._collector = threading.Thread(target=self._collect, name="refresh-collect",
@@ -231,14 +263,31 @@ class ProcessWorkers:
         self._dispatcher.start()
         self._collector.start()
 
+    def _new_process(self, index: int) -> _Process:
+        return _Process(self._ctx, index, self._fn, self._threads, self._nice, self._outbox)
+
+    def _start_processes(self) -> None:
+        for index in range(self._n):
+            with self._idle:
+                if self._closing or self._retiring:
+                    return
+                try:
+                    self._procs.append(self._new_process(index))
+                except Exception:  # out of processes or memory: work with fewer
+                    log.exception("could not start refresh worker %d of %d", index + 1, self._n)
+                    return
+                self._idle.notify_all()
+
     def _dispatch(self) -> None:
+        self._start_processes()
         while (job := self._queue.get()) is not None:
             if job.ready is not None:
                 job.ready.synchronize()  # its host copy, before a process is taken for it
+            snapshot = _private(job.snapshot)
             with self._idle:
-                while not self._closing and all(p.job is not None for p in self._procs):
+                while not self._stopped() and all(p.job is not None for p in self._procs):
                     self._idle.wait()
-                if self._closing:
+                if self._stopped():
                     return
                 proc = next(p for p in self._procs if p.job is None)
                 if job.cancelled:
@@ -247,27 +296,56 @@ class ProcessWorkers:
                 proc.job = job
                 self._jobs[job_id] = (job, proc)
                 job.started_at = time.perf_counter()
-            proc.inbox.put((job_id, _private(job.snapshot), job.config))
+                # Under the lock: a retire() or close() that follows sends its stop after this.
+                proc.inbox.put((job_id, snapshot, job.config))
+
+    def _stopped(self) -> bool:
+        return self._closing or self._retiring
 
     def _collect(self) -> None:
+        reaped = time.monotonic()
         while True:
+            if time.monotonic() - reaped >= self.REAP_SECONDS:
+                self._reap()
+                reaped = time.monotonic()
             try:
-                item = self._outbox.get(timeout=0.2)
+                item = self._outbox.get(timeout=self.REAP_SECONDS)
             except queue.Empty:
-                if self._closing:
+                if self._closing or (self._retiring and not self._jobs):
                     return
                 continue
             job_id, result, error, _seconds = item
             with self._idle:
                 entry = self._jobs.pop(job_id, None)
                 if entry is None:
-                    continue  # a job abandoned as hung: its process was replaced
+                    continue  # a job abandoned as hung, or requeued: its process was replaced
                 job, proc = entry
                 proc.job = None
                 self._idle.notify_all()
             job.result, job.error = result, error
             job.finished_at = time.perf_counter()
             job.done.set()
+
+    def _reap(self) -> None:
+        """Replace every process that died unasked, and queue its job again."""
+        with self._idle:
+            if self._stopped():
+                return
+            for index, proc in enumerate(self._procs):
+                if proc.proc.is_alive():
+                    continue
+                self.deaths += 1
+                job = proc.job
+                log.warning("refresh worker %s (pid %s) died with exit code %s%s; starting a "
+                            "new one", proc.proc.name, proc.proc.pid, proc.proc.exitcode,
+                            "; its job is queued again" if job is not None else "")
+                for job_id in [i for i, (_, p) in self._jobs.items() if p is proc]:
+                    del self._jobs[job_id]
+                self._procs[index] = self._new_process(index)
+                if job is not None and not job.cancelled:
+                    job.started_at = None
+                    self._queue.put(job)
+                self._idle.notify_all()
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
@@ -282,23 +360,38 @@ class ProcessWorkers:
                     proc.proc.kill()
                     proc.proc.join(5)
                     index = self._procs.index(proc)
-                    self._procs[index] = _Process(self._ctx, index, self._fn, self._threads,
-                                                  self._nice, self._outbox)
+                    self._procs[index] = self._new_process(index)
                     self._idle.notify_all()
+
+    def retire(self) -> None:
+        """Take no more jobs (a policy change replaced this pool): each process exits after the
+        job it is running, whose result still arrives."""
+        with self._idle:
+            self._retiring = True
+            self._idle.notify_all()
+            procs = list(self._procs)
+        self._queue.close()
+        for p in procs:
+            p.inbox.put(None)  # after the job already in its inbox
 
     @property
     def size(self) -> int:
-        return len(self._procs)
+        return self._n
 
     def busy(self) -> int:
         with self._lock:
             return sum(1 for p in self._procs if p.job is not None)
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [p.proc.pid for p in self._procs]
 
     def close(self, timeout: float = 10.0) -> list[str]:
         with self._idle:
             self._closing = True
             self._idle.notify_all()
         self._queue.close()
+        self._dispatcher.join(5)  # no process starts after this
         for p in self._procs:
             p.inbox.put(None)
         deadline = time.monotonic() + timeout
@@ -310,7 +403,6 @@ class ProcessWorkers:
                 p.proc.join(5)
             if p.proc.is_alive():
                 left.append(p.proc.name)
-        self._dispatcher.join(5)
         self._collector.join(5)
         return left
 

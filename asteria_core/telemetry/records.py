@@ -47,6 +47,8 @@ class RefreshFigures:
     """Refreshes that failed so far (the previous basis was kept)."""
     inline_fallbacks: int
     """Refreshes meant for a worker that ran on the training thread so far."""
+    worker_deaths: int = 0
+    """Worker processes that died unasked so far (each replaced at once, its job requeued)."""
 
 
 @dataclass(slots=True)

@@ -13,17 +13,28 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
+from asteria_core.machine import MACHINE
 from asteria_core.policy import Policy
 from asteria_core.telemetry.config import TelemetryConfig
-from asteria_core.validation import (
-    ConfigError,
-    check,
-    finite_in,
-    non_negative_int,
-    one_of,
-    positive_int,
-)
+from asteria_core.validation import ConfigError, check, finite_in, int_in, one_of
+
+MAX_STEPS = 10**9
+"""Steps and step intervals: far beyond any run, and well inside the run store's integers."""
+CORPUS_BYTES_PER_BYTE = 12
+"""Peak memory per corpus byte while it becomes tokens (text, its UTF-8 bytes, int64 ids)."""
+
+
+def max_corpus_bytes() -> int:
+    """The largest corpus read into memory: its tokens must fit in the memory budget."""
+    return MACHINE.memory_budget // CORPUS_BYTES_PER_BYTE
+
+
+def check_limits(section: object, name: str) -> None:
+    """Each integer key in `LIMITS` of a config section within its [low, high]."""
+    for key, (lo, hi) in type(section).LIMITS.items():
+        int_in(f"{name}.{key}", getattr(section, key), lo, hi)
 
 
 def parse_cpu_list(key: str, text: str) -> frozenset[int]:
@@ -60,9 +71,13 @@ class ModelConfig:
     tie_weights: bool = True
     """Share the token embedding with the output head."""
 
+    # Each size on its own; together with the batch they must fit the memory (RunConfig).
+    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
+        "n_layer": (1, 1024), "n_head": (1, 1024), "n_embd": (1, 65536),
+        "block_size": (1, 65536), "vocab_size": (1, 1 << 20)}
+
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-            positive_int(f"model.{name}", getattr(self, name))
+        check_limits(self, "model")
         check(self.n_embd % self.n_head == 0, "model.n_head", self.n_head,
                f"a divisor of model.n_embd ({self.n_embd})")
         check(self.vocab_size >= 256, "model.vocab_size", self.vocab_size,
@@ -106,6 +121,10 @@ class OptimConfig:
     moment_swap: str = "reference"
     """Second moment at a basis swap: reference (permute, as SOAP does) | transport."""
 
+    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
+        "warmup_steps": (0, MAX_STEPS), "max_precond_dim": (1, 65536),
+        "precond_block_size": (1, 65536)}
+
     def __post_init__(self) -> None:
         one_of("optim.name", self.name, OPTIMIZERS)
         finite_in("optim.lr", self.lr, 0.0, 10.0, lo_open=True)
@@ -117,12 +136,10 @@ class OptimConfig:
         finite_in("optim.eps", self.eps, 0.0, 1.0, lo_open=True)
         finite_in("optim.weight_decay", self.weight_decay, 0.0, 10.0)
         finite_in("optim.grad_clip", self.grad_clip, 0.0, 1e6)
-        non_negative_int("optim.warmup_steps", self.warmup_steps)
         finite_in("optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check(self.shampoo_beta == -1.0 or 0.0 <= self.shampoo_beta < 1.0,
                "optim.shampoo_beta", self.shampoo_beta, "-1 (use betas[1]) or a number in [0, 1)")
-        positive_int("optim.max_precond_dim", self.max_precond_dim)
-        positive_int("optim.precond_block_size", self.precond_block_size)
+        check_limits(self, "optim")
         one_of("optim.refresh_method", self.refresh_method, ("power_qr", "eigh"))
         one_of("optim.moment_swap", self.moment_swap, ("reference", "transport"))
 
@@ -139,13 +156,20 @@ class DataConfig:
     batch_size: int = 16
     """Sequences per step."""
 
+    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {"batch_size": (1, 65536)}
+
     def __post_init__(self) -> None:
         check(isinstance(self.corpus, str), "data.corpus", self.corpus, "a path (string)")
         if self.corpus and not Path(self.corpus).expanduser().exists():
             raise ConfigError(f"data.corpus: path {self.corpus!r} does not exist; allowed: an "
                               "existing text file or folder, or empty for the embedded corpus")
+        root = Path(self.corpus).expanduser()
+        if self.corpus and root.is_file() and root.stat().st_size > max_corpus_bytes():
+            raise ConfigError(f"data.corpus: {self.corpus!r} has {root.stat().st_size} bytes; "
+                              f"allowed: at most {max_corpus_bytes()} on this machine "
+                              f"({MACHINE.describe()})")
         finite_in("data.val_fraction", self.val_fraction, 0.0, 0.5, lo_open=True)
-        positive_int("data.batch_size", self.batch_size)
+        check_limits(self, "data")
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -182,15 +206,14 @@ class TrainConfig:
     (intra-op pool, refresh workers) inherit them. Empty lets the OS schedule it anywhere. Pinning
     keeps the control plane's threads off the training cores. Linux only."""
 
+    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
+        "steps": (1, MAX_STEPS), "eval_interval": (1, MAX_STEPS), "eval_batches": (1, 100_000),
+        "log_interval": (1, MAX_STEPS), "seed": (0, 2**32 - 1),  # numpy seeds are 32-bit
+        "checkpoint_interval": (0, MAX_STEPS), "threads": (0, MACHINE.max_threads)}
+
     def __post_init__(self) -> None:
-        positive_int("train.steps", self.steps)
-        positive_int("train.eval_interval", self.eval_interval)
-        positive_int("train.eval_batches", self.eval_batches)
-        positive_int("train.log_interval", self.log_interval)
-        non_negative_int("train.seed", self.seed)
+        check_limits(self, "train")
         one_of("train.device", self.device, DEVICES)
-        non_negative_int("train.checkpoint_interval", self.checkpoint_interval)
-        non_negative_int("train.threads", self.threads)
         if self.cpus:
             check(sys.platform.startswith("linux"), "train.cpus", self.cpus,
                    "empty on this platform (pinning needs Linux)")
@@ -211,3 +234,28 @@ class RunConfig:
     policy: Policy = field(default_factory=Policy)
     """The live policy a run starts with (refresh interval, staleness bound, workers, ...)."""
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def __post_init__(self) -> None:
+        need = minimum_bytes(self.model, self.data.batch_size)
+        if need > MACHINE.memory_bytes:
+            raise ConfigError(
+                f"model: got a model and batch that need at least {need / 2**30:.1f} GiB "
+                f"(weights, gradients and moments of {parameters(self.model):,} parameters, "
+                f"activations of {self.data.batch_size} x {self.model.block_size} tokens); "
+                f"allowed: what fits in this machine's memory ({MACHINE.describe()})")
+
+
+def parameters(model: ModelConfig) -> int:
+    """The GPT's parameter count, from its sizes (biases and gains left out)."""
+    d = model.n_embd
+    head = 0 if model.tie_weights else model.vocab_size * d
+    return model.n_layer * 12 * d * d + (model.vocab_size + model.block_size) * d + head
+
+
+def minimum_bytes(model: ModelConfig, batch_size: int) -> int:
+    """A lower estimate of the memory a run needs: fp32 weights, gradients and two moments
+    (16 bytes per parameter), and the activations kept for backward (about 34 bytes per
+    token, layer and unit of width, plus the logits)."""
+    tokens = batch_size * model.block_size
+    activations = tokens * (34 * model.n_layer * model.n_embd + 12 * model.vocab_size)
+    return 16 * parameters(model) + activations

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from asteria_core.train.config import max_corpus_bytes
+
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".text", "")
 
 
@@ -31,18 +33,30 @@ def embedded_corpus() -> str:
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 
-def load_corpus(path: str) -> str:
-    """Read a text file, or every text file under a folder (sorted); empty path -> embedded."""
+def load_corpus(path: str, limit: int | None = None) -> str:
+    """Read a text file, or every text file under a folder (sorted); empty path -> embedded.
+    At most `limit` bytes (default: what this machine's memory budget holds as tokens) are
+    read; a larger corpus is an error, so a huge or endless file never fills the memory."""
     if not path:
         return embedded_corpus()
+    limit = max_corpus_bytes() if limit is None else limit
     root = Path(path).expanduser()
-    if root.is_file():
-        return root.read_text(encoding="utf-8", errors="replace")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    files = [root] if root.is_file() else \
+        sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     if not files:
         raise ValueError(f"data.corpus: folder {path!r} holds no text files "
                          f"(looked for suffixes {', '.join(s or 'none' for s in TEXT_SUFFIXES)})")
-    return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    parts, left = [], limit
+    for file in files:
+        with file.open("rb") as f:
+            data = f.read(left + 1)  # sizes can lie (/proc) or grow: read, do not stat
+        if len(data) > left:
+            raise ValueError(f"data.corpus: {path!r} holds more than {limit} bytes; allowed: at "
+                             f"most {limit} bytes on this machine")
+        left -= len(data)
+        text = data.decode("utf-8", errors="replace")
+        parts.append(text.replace("\r\n", "\n").replace("\r", "\n"))  # as text mode reads
+    return "\n\n".join(parts)
 
 
 def split_tokens(tokens: torch.Tensor, val_fraction: float, block_size: int

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -69,3 +71,16 @@ def test_eval_batches_are_fixed():
     assert len(first) == 3
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, fixed_eval_batches(tokens, 31, 4, 3),
                                                         strict=True))
+
+
+def test_a_corpus_beyond_the_limit_is_refused_even_when_its_size_says_nothing(tmp_path):
+    """Only what fits the machine's memory is read, counted as read: /proc's files report a
+    size of 0, and a file may grow while it is read."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("x" * 101)
+    with pytest.raises(ValueError, match="holds more than 100 bytes"):
+        load_corpus(str(text), limit=100)
+    assert load_corpus(str(text), limit=101) == "x" * 101
+    assert Path("/proc/self/status").stat().st_size == 0
+    with pytest.raises(ValueError, match="holds more than 10 bytes"):
+        load_corpus("/proc/self/status", limit=10)

@@ -1,0 +1,95 @@
+"""Issue 16: no request can take the machine down, and none can make the server read, write or
+run what it should not. A real control plane over HTTP, a real SQLite store."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from asteria_core.machine import MACHINE
+from backend.store import RunStore, StoreError
+from tests.backend.conftest import TINY, wait_for
+
+
+def _config(**sections) -> dict:
+    config = copy.deepcopy(TINY)
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+def _start(client, **sections) -> str:
+    r = client.post("/runs", json={"config": _config(**sections)})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _refused(r, *loc: str) -> str:
+    """The 422's message for the field at `loc` (the request names it)."""
+    assert r.status_code == 422, r.text
+    [detail] = [d for d in r.json()["detail"] if d["loc"][:len(loc) + 1] == ["body", *loc]]
+    return detail["msg"]
+
+
+@pytest.fixture
+def run_id(client):
+    run_id = _start(client)
+    wait_for(lambda: client.get(f"/runs/{run_id}").json()["step"] >= 2)
+    yield run_id
+    client.post(f"/runs/{run_id}/stop")
+    wait_for(lambda: client.get(f"/runs/{run_id}").json()["status"] == "stopped")
+
+
+# ---------------------------------------------------------------------- 1. machine limits
+def test_a_worker_count_beyond_the_machine_is_refused_naming_the_bound(client, run_id):
+    before = client.get(f"/runs/{run_id}/policy").json()
+    r = client.patch(f"/runs/{run_id}/policy", json={"worker_kind": "process", "workers": 256})
+    assert str(MACHINE.max_workers) in _refused(r, "workers")
+    r = client.patch(f"/runs/{run_id}/policy", json={"worker_threads": 10_000})
+    assert str(MACHINE.max_threads) in _refused(r, "worker_threads")
+    assert client.get(f"/runs/{run_id}/policy").json() == before
+    # The bound is in the API's schema too, where the dashboard's form reads it.
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    assert schema["PolicyUpdate"]["properties"]["workers"]["maximum"] == MACHINE.max_workers
+
+
+@pytest.mark.parametrize(("sections", "loc", "bound"), [
+    ({"train": {"threads": 10_000}}, ("config", "train", "threads"), str(MACHINE.max_threads)),
+    ({"data": {"batch_size": 10**7}}, ("config", "data", "batch_size"), "65536"),
+    ({"model": {"n_layer": 10**6}}, ("config", "model", "n_layer"), "1024"),
+    # each size allowed on its own, together far more than this machine's memory
+    ({"model": {"n_layer": 512, "n_embd": 16384, "n_head": 16, "block_size": 4096}},
+     ("config", "model"), f"{MACHINE.memory_bytes / 2**30:.1f} GiB"),
+])
+def test_sizes_beyond_the_machine_are_refused_naming_the_bound(client, sections, loc, bound):
+    r = client.post("/runs", json={"config": _config(**sections)})
+    assert bound in _refused(r, *loc)
+    assert client.get("/healthz").json()["active_run"] is None
+
+
+# ---------------------------------------------------------------------- 2. store writes
+def test_steps_the_store_cannot_hold_are_refused_and_the_store_keeps_writing(client):
+    r = client.post("/runs", json={"config": _config(train={"steps": 2**63})})
+    assert "1000000000" in _refused(r, "config", "train", "steps")
+    run_id = _start(client, train={"steps": 5})
+    wait_for(lambda: client.get(f"/runs/{run_id}").json()["status"] == "finished")
+    steps = wait_for(lambda: len(s := client.get(f"/runs/{run_id}/steps").json()["steps"]) == 5
+                     and s)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
+    assert [run["id"] for run in client.get("/runs").json()] == [run_id]
+
+
+def test_a_row_the_store_cannot_hold_fails_alone_and_the_writer_goes_on(tmp_path):
+    store = RunStore(tmp_path / "runs.db", flush_seconds=0.05)
+    try:
+        with pytest.raises(StoreError, match="OverflowError"):
+            store.create_run("too-long", {}, "runs/too-long", 2**63)
+        store.create_run("fine", {}, "runs/fine", 10)
+        store.add_step("fine", 1, '{"step": 1}')
+        store.flush()
+        assert store.get_run("too-long") is None
+        assert store.get_run("fine")["total_steps"] == 10
+        assert store.steps("fine", 0, 10) == [{"step": 1}]
+    finally:
+        store.close()
