@@ -107,7 +107,7 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
         if created:
             print(f"asteria: API token (saved to {settings.resolved_token_file}, mode 0600): "
                   f"{token}", flush=True)
-        app.state.store, app.state.token = store, token
+        app.state.store, app.state.token, app.state.settings = store, token, settings
         app.state.events = Broadcaster()
         app.state.manager = RunManager(store, app.state.events, settings.runs_dir,
                                        live_window=settings.live_steps_window)

@@ -9,10 +9,15 @@ from fastapi import Depends, HTTPException, Request, status
 
 from backend.auth import token_matches
 from backend.runs import RunManager
+from backend.settings import Settings
 
 
 async def get_manager(request: Request) -> RunManager:
     return request.app.state.manager
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
 
 
 async def require_token(request: Request) -> str:
@@ -27,3 +32,4 @@ async def require_token(request: Request) -> str:
 
 Manager = Annotated[RunManager, Depends(get_manager)]
 Client = Annotated[str, Depends(require_token)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     """Defaults to <data_dir>/token, created with mode 0600 at first start."""
     db_path: Path | None = None
     """Defaults to <data_dir>/asteria.db."""
+    allowed_paths: list[Path] = []
+    """Folders (besides data_dir) whose files a request may name as a corpus, a checkpoint to
+    resume or a disk-tier folder, as JSON: ASTERIA_ALLOWED_PATHS='["/srv/corpora"]'."""
     cors_origins: list[str] = []
     """Origins allowed by CORS; empty (the default) turns CORS off."""
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)

@@ -1,13 +1,16 @@
 """Checkpoints that resume exactly, written atomically.
 
 A checkpoint is one self-describing dict (model, optimizer, scheduler, data position, RNG states,
-step, config). It is written to a temporary file in the same folder, fsynced, then renamed over
-the old one, so a crash mid-write never leaves a broken latest checkpoint.
+step, config) of tensors and plain values, so it loads with torch's weights-only unpickler and a
+crafted file cannot run code. It is written to a temporary file in the same folder, fsynced, then
+renamed over the old one, so a crash mid-write never leaves a broken latest checkpoint, and a
+write that fails (a full disk) leaves the previous checkpoint as it was.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import tempfile
 from pathlib import Path
@@ -21,10 +24,12 @@ FORMAT_VERSION = 1
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state, as tensors and plain Python values only (see `load`)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -34,7 +39,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -59,8 +65,27 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
         os.close(dir_fd)
 
 
+def _numpy_rng_types() -> list:
+    """What rebuilds a uint32 numpy array: checkpoints written before the generator state was
+    stored as plain values hold numpy's that way. Nothing else outside torch's own tensors and
+    containers is allowed."""
+    from numpy._core.multiarray import _reconstruct
+
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def load(path: str | Path) -> dict[str, Any]:
-    ckpt = torch.load(Path(path), map_location="cpu", weights_only=False)
+    """Read a checkpoint without running any code it may hold: weights_only unpickling, which
+    takes tensors and plain containers only, and refuses any other object (a crafted file
+    naming os.system, say) before it is built."""
+    try:
+        with torch.serialization.safe_globals(_numpy_rng_types()):
+            ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "Weights only load failed" in why:
+            why = "it holds objects no checkpoint holds; refused without building them"
+        raise ValueError(f"train.resume: {path} is not an Asteria checkpoint ({why})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"train.resume: {path} is not an Asteria checkpoint "
                          f"(format_version {FORMAT_VERSION} expected)")

@@ -6,7 +6,8 @@ import dataclasses
 
 from fastapi import APIRouter, HTTPException, status
 
-from backend.deps import Client, Manager
+from backend import paths
+from backend.deps import Client, Manager, SettingsDep
 from backend.schemas import PolicyAccepted, PolicyChangePublic, PolicyPublic, PolicyUpdate
 
 router = APIRouter(prefix="/runs/{run_id}/policy", tags=["policy"])
@@ -23,12 +24,13 @@ def get_policy(run_id: str, manager: Manager) -> PolicyPublic:
                              409: {"description": "the run is not active"},
                              401: {"description": "missing or wrong token"}})
 def patch_policy(run_id: str, body: PolicyUpdate, manager: Manager,
-                 client: Client) -> PolicyAccepted:
+                 client: Client, settings: SettingsDep) -> PolicyAccepted:
     changes = body.model_dump(exclude_unset=True)
     if not changes:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             [{"loc": ["body"], "msg": "no fields to change",
                               "type": "value_error"}])
+    paths.check_policy(changes, settings)  # before the tier store's check creates the folder
     change = manager.propose_policy(run_id, changes, client)  # PolicyError -> 422
     return PolicyAccepted(version=change.version, effective_step=change.effective_step,
                           diff={k: list(v) for k, v in change.diff.items()})

@@ -8,7 +8,8 @@ from fastapi import APIRouter, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from asteria_core.train.config_io import config_from_dict
-from backend.deps import Client, Manager
+from backend import paths
+from backend.deps import Client, Manager, SettingsDep
 from backend.schemas import CommandAccepted, RunCreate, RunPublic
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -23,10 +24,13 @@ COMMAND_DETAIL = {
 @router.post("", status_code=status.HTTP_201_CREATED,
              responses={409: {"description": "a run is already active"},
                         401: {"description": "missing or wrong token"}})
-def create_run(body: RunCreate, manager: Manager, _client: Client) -> RunPublic:
+def create_run(body: RunCreate, manager: Manager, _client: Client,
+               settings: SettingsDep) -> RunPublic:
     # only the keys sent: omitted ones take their defaults in config_from_dict
-    config = config_from_dict(body.config.model_dump(exclude_unset=True))  # ConfigError -> 422
+    raw = body.config.model_dump(exclude_unset=True)
     changes = body.policy.model_dump(exclude_unset=True)
+    paths.check_config(raw, changes, settings)  # before validation reads any of them
+    config = config_from_dict(raw)  # ConfigError -> 422
     policy = dataclasses.replace(config.policy, **changes)  # PolicyError -> 422
     return RunPublic.model_validate(manager.start(config, policy))
 

@@ -4,12 +4,18 @@ run what it should not. A real control plane over HTTP, a real SQLite store."""
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
+import httpx
 import pytest
+import torch
 
 from asteria_core.machine import MACHINE
+from asteria_core.train import checkpoint as ckpt
+from asteria_core.train.checkpoint import FORMAT_VERSION
 from backend.store import RunStore, StoreError
-from tests.backend.conftest import TINY, wait_for
+from tests.backend.conftest import TINY, TOKEN, wait_for
 
 
 def _config(**sections) -> dict:
@@ -93,3 +99,85 @@ def test_a_row_the_store_cannot_hold_fails_alone_and_the_writer_goes_on(tmp_path
         assert store.steps("fine", 0, 10) == [{"step": 1}]
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------------- 3. paths, checkpoints
+class _Payload:
+    """Unpickled, it runs a shell command: what a crafted checkpoint carries."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _crafted_checkpoint(path: Path, marker: Path) -> Path:
+    torch.save({"format_version": FORMAT_VERSION, "step": 1, "payload": _Payload(marker)}, path)
+    return path
+
+
+def test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
+    marker = tmp_path / "ran"
+    path = _crafted_checkpoint(tmp_path / "checkpoint.pt", marker)
+    with pytest.raises(ValueError, match="not an Asteria checkpoint"):
+        ckpt.load(path)
+    assert not marker.exists()
+
+
+def test_a_crafted_checkpoint_named_by_a_request_fails_the_run_and_runs_nothing(server,
+                                                                                  client):
+    data_dir = server.settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    marker = data_dir / "ran"
+    path = _crafted_checkpoint(data_dir / "crafted.pt", marker)
+    run_id = _start(client, train={"resume": str(path)})
+    run = wait_for(lambda: (r := client.get(f"/runs/{run_id}").json())["status"] == "failed"
+                   and r)
+    assert "not an Asteria checkpoint" in run["error"]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("sections", "loc"), [
+    ({"data": {"corpus": "/proc/self/environ"}}, ("config", "data", "corpus")),
+    ({"data": {"corpus": "/etc/passwd"}}, ("config", "data", "corpus")),
+    ({"train": {"resume": "/etc/hostname"}}, ("config", "train", "resume")),
+    ({"policy": {"disk_dir": "../../somewhere"}}, ("config", "policy", "disk_dir")),
+    ({"telemetry": {"rapl_root": "/proc/self"}}, ("config", "telemetry", "rapl_root")),
+])
+def test_paths_outside_the_allowed_folders_are_refused(server, client, sections, loc):
+    r = client.post("/runs", json={"config": _config(**sections)})
+    assert "allowed" in _refused(r, *loc)
+    assert client.get("/healthz").json()["active_run"] is None
+
+
+def test_a_disk_dir_outside_the_allowed_folders_is_refused_and_never_created(
+        server, client, run_id, tmp_path, monkeypatch):
+    monkeypatch.chdir(server.settings.data_dir)  # where a relative path would land
+    outside = (server.settings.data_dir / "../../somewhere").resolve()
+    r = client.patch(f"/runs/{run_id}/policy", json={"disk_dir": "../../somewhere"})
+    assert "allowed" in _refused(r, "disk_dir")
+    assert not outside.exists()
+    inside = server.settings.data_dir / "tiers"
+    r = client.patch(f"/runs/{run_id}/policy", json={"disk_dir": str(inside)})
+    assert r.status_code == 200, r.text
+
+
+def _post_run(live, body: dict) -> tuple[httpx.Response, httpx.Client]:
+    c = httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {TOKEN}"})
+    return c.post("/runs", json=body), c
+
+
+def test_a_corpus_may_be_named_only_inside_a_folder_the_operator_lists(server_factory, tmp_path):
+    corpus = tmp_path / "corpora" / "text.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    body = {"config": _config(data={"corpus": str(corpus)}, train={"steps": 3})}
+    with server_factory() as live:
+        r, c = _post_run(live, body)
+        assert "allowed" in _refused(r, "config", "data", "corpus")
+    with server_factory(allowed_paths=[corpus.parent]) as live:
+        r, c = _post_run(live, body)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+        wait_for(lambda: c.get(f"/runs/{run_id}").json()["status"] == "finished")
