@@ -3,7 +3,8 @@
     python -m streamlit run dashboard/app.py      # or: asteria start (control plane + this)
 
 It reads and steers the control plane over HTTP only (dashboard/client.py); it never imports
-torch or the runtime. Settings: ASTERIA_URL, ASTERIA_TOKEN or ASTERIA_TOKEN_FILE (see state.py).
+torch or the runtime. Settings: ASTERIA_URL, ASTERIA_TOKEN or ASTERIA_TOKEN_FILE (held here, never
+sent to a browser), ASTERIA_DASHBOARD_TOKEN or ASTERIA_DASHBOARD_TOKEN_FILE (see state.py).
 """
 
 from __future__ import annotations
@@ -49,14 +50,34 @@ def run_picker() -> None:
     st.caption(f"Active run: `{active}`" if active else "No run is training now.")
 
 
+def sign_in_box() -> None:
+    """Sign in to change things. The API token stays in this server process; the browser gets
+    neither it nor the sign-in token (the password field starts empty, is never filled in)."""
+    if state.signed_in():
+        st.caption("Signed in: changes go out with the API token this dashboard holds.")
+        st.button("Sign out", key="sign_out", on_click=state.sign_out)
+        return
+    _, where = state.env_sign_in_token()
+    with st.form("sign_in", border=False):
+        typed = st.text_input(
+            "Sign-in token", type="password", key="sign_in_token",
+            help=f"To change the policy, send commands or start runs; it is {where}." if where
+            else "No token is configured (ASTERIA_DASHBOARD_TOKEN, ASTERIA_TOKEN or the token "
+                 "file): nothing can be changed from this dashboard.")
+        if st.form_submit_button("Sign in", key="sign_in_submit"):
+            if state.sign_in(typed):
+                st.rerun()
+            st.error("That is not the sign-in token.", icon=":material/key_off:")
+
+
 def sidebar() -> ApiError | None:
-    """Connection settings and the run picker; the error when the control plane cannot be read."""
+    """Connection settings, sign-in and the run picker; the error when the control plane cannot
+    be read."""
     with st.sidebar:
-        st.text_input("Control plane URL", value=state.env_url(), key="url")
-        token, where = state.env_token()
-        st.text_input("API token", value=token, key="token", type="password",
-                      help=f"Sent on changes only. Loaded from {where}." if where else
-                      "Sent on changes only. None found in ASTERIA_TOKEN or the token file.")
+        # Not editable from a browser: a session that could point this server elsewhere could
+        # send the API token there, or make it fetch any address (ASTERIA_URL sets it).
+        st.caption(f"Control plane: `{state.url()}`")
+        sign_in_box()
         st.toggle("Live updates", value=True, key="live")
         st.number_input("Refresh every (s)", min_value=1, max_value=60, value=2, step=1,
                         key="refresh_s")
@@ -69,7 +90,8 @@ def sidebar() -> ApiError | None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Asteria", page_icon=":material/insights:", layout="wide")
+    # page_icon: an emoji is drawn in the page; a :material/...: icon is fetched from Google Fonts
+    st.set_page_config(page_title="Asteria", page_icon="📈", layout="wide")
     pages = [st.Page(ROOT / path, title=title, icon=icon, url_path=url, default=url == "live")
              for path, title, icon, url in PAGES]
     page = st.navigation(pages)

@@ -1,5 +1,8 @@
 """Altair charts. Every chart over steps or wall-clock carries the policy-change markers:
-a dashed red rule at the step where each change took effect, labelled with its version."""
+a dashed red rule at the step where each change took effect, labelled with its version.
+
+Charts render as SVG (Streamlit's default is a canvas): every mark is then an element with an
+accessible label, which screen readers and the browser tests read."""
 
 from __future__ import annotations
 
@@ -8,6 +11,11 @@ import pandas as pd
 
 HEIGHT = 280
 MARK = "#d62728"
+WITHIN_COLOUR = "#4c78a8"
+SVG = {"embedOptions": {"renderer": "svg"}}
+LABEL_ROWS = 3
+"""Marker labels take turns over this many rows, so changes a few steps apart stay legible."""
+LABEL_ROW_PX = 16  # a label of fontSize 11 is 15 px tall
 AXES = {"step": ("step:Q", "step"), "elapsed": ("elapsed:Q", "wall-clock (s)"),
         "joules": ("joules:Q", "energy (J)")}
 
@@ -25,35 +33,42 @@ def _x(x: str) -> alt.X:
     return alt.X(field, title=title)
 
 
-def _legend() -> alt.Legend:
-    return alt.Legend(orient="right", title=None)
+def _legend(orient: str = "right") -> alt.Legend:
+    return alt.Legend(orient=orient, title=None)
 
 
 def marker_layers(marks: pd.DataFrame | None, x: str) -> list[alt.Chart]:
     if marks is None or marks.empty or x not in marks:
         return []
-    base = alt.Chart(marks.dropna(subset=[x]))
+    shown = marks.dropna(subset=[x]).sort_values(x).reset_index(drop=True)
+    shown["label_y"] = 2 + LABEL_ROW_PX * (shown.index % LABEL_ROWS)  # pixels from the top
+    base = alt.Chart(shown)
     rule = base.mark_rule(color=MARK, strokeDash=[5, 3], strokeWidth=1.5).encode(
         x=_x(x), tooltip=[alt.Tooltip("label:N", title="policy"),
                           alt.Tooltip("step:Q", title="from step"),
                           alt.Tooltip("text:N", title="change")])
     label = base.mark_text(color=MARK, align="left", baseline="top", dx=3, fontSize=11).encode(
-        x=_x(x), y=alt.value(2), text="label:N")
+        x=_x(x), y=alt.Y("label_y:Q", scale=None), text="label:N")
     return [rule, label]
 
 
 def _finish(layers: list, title: str, marks: pd.DataFrame | None, x: str) -> alt.LayerChart:
-    return alt.layer(*layers, *marker_layers(marks, x)).properties(title=title, height=HEIGHT)
+    return alt.layer(*layers, *marker_layers(marks, x)).properties(
+        title=title, height=HEIGHT, usermeta=SVG)
 
 
 def lines(data: pd.DataFrame, x: str, *, title: str, y_title: str,
           marks: pd.DataFrame | None = None, zero: bool = True,
-          step_lines: pd.DataFrame | None = None) -> alt.LayerChart:
-    """One line per `series`; `step_lines` (same shape) are drawn dashed as step functions."""
+          step_lines: pd.DataFrame | None = None, legend: str = "right") -> alt.LayerChart:
+    """One line per `series`; `step_lines` (same shape) are drawn dashed as step functions;
+    `legend`: where the series legend goes (bottom gives a narrow chart its width). Each point
+    is also an invisible mark with its tooltip (a line's own tooltip shows only its first
+    point), so every drawn value can be hovered and is in the chart's accessible marks."""
     y = alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=zero))
-    color = alt.Color("series:N", legend=_legend())
+    color = alt.Color("series:N", legend=_legend(legend))
     tip = ["series:N", "step:Q", alt.Tooltip("value:Q", format=".4g")]
-    layers = [alt.Chart(data).mark_line().encode(x=_x(x), y=y, color=color, tooltip=tip)]
+    line = alt.Chart(data).encode(x=_x(x), y=y, color=color, tooltip=tip)
+    layers = [line.mark_line(), line.mark_point(opacity=0, size=40)]
     if step_lines is not None and not step_lines.empty:
         layers.append(alt.Chart(step_lines).mark_line(strokeDash=[2, 2], interpolate="step-after")
                       .encode(x=_x(x), y=y, color=color, tooltip=tip))
@@ -93,17 +108,17 @@ def stacked(data: pd.DataFrame, x: str, *, title: str, y_title: str,
     return _finish(layers, title, marks, x)
 
 
-def staleness_histogram(data: pd.DataFrame, bound: int) -> alt.Chart:
-    edges = data["staleness"].str.removeprefix("<= ").replace("inf", "1e18").astype(float)
-    data = data.assign(over=["over the bound" if e > bound else "within the bound"
-                             for e in edges])
+def staleness_histogram(data: pd.DataFrame, within: str, over: str) -> alt.Chart:
+    """Steps per staleness max (`staleness`, `verdict`, `steps`), coloured by the verdict each
+    step got against the bound in force at it."""
     return alt.Chart(data).mark_bar().encode(
-        x=alt.X("staleness:N", sort=None, title="staleness (steps)"),
-        y=alt.Y("observations:Q", title="blocks x steps"),
-        color=alt.Color("over:N", legend=_legend(),
-                        scale=alt.Scale(domain=["within the bound", "over the bound"],
-                                        range=["#4c78a8", MARK])),
-    ).properties(title=f"staleness distribution (bound {bound})", height=HEIGHT)
+        x=alt.X("staleness:O", title="staleness max (steps)"),
+        y=alt.Y("steps:Q", title="steps", stack="zero"),
+        color=alt.Color("verdict:N", legend=_legend(),
+                        scale=alt.Scale(domain=[within, over], range=[WITHIN_COLOUR, MARK])),
+        tooltip=["staleness:O", "verdict:N", "steps:Q"],
+    ).properties(title="staleness distribution (each step against its own bound)",
+                 height=HEIGHT, usermeta=SVG)
 
 
 def compare(data: pd.DataFrame, x: str, *, title: str,
@@ -117,4 +132,4 @@ def compare(data: pd.DataFrame, x: str, *, title: str,
     if marks is not None and not marks.empty and x in marks:
         layers.append(alt.Chart(marks.dropna(subset=[x])).mark_rule(strokeDash=[5, 3]).encode(
             x=_x(x), color=color, tooltip=["run:N", "label:N", "step:Q", "text:N"]))
-    return alt.layer(*layers).properties(title=title, height=HEIGHT + 60)
+    return alt.layer(*layers).properties(title=title, height=HEIGHT + 60, usermeta=SVG)

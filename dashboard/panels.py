@@ -21,11 +21,23 @@ def _absent(what: str, why: str) -> None:
     st.info(f"**{what}**: not reported by this run. {why}", icon=":material/visibility_off:")
 
 
+def joules_text(joules: float) -> str:
+    """Energy with a unit that keeps the figure short: J, kJ, MJ."""
+    for unit, size in (("MJ", 1e6), ("kJ", 1e3)):
+        if abs(joules) >= 10 * size:
+            return f"{joules / size:,.1f} {unit}"
+    return f"{joules:,.1f} J"
+
+
+TILES_PER_ROW = 4
+"""Seven tiles in rows of four: at 1400 px beside the sidebar a tile fits its value whole."""
+
+
 def headline(df: pd.DataFrame, run: dict[str, Any]) -> None:
     last, tail = df.iloc[-1], df.tail(20)
     evals = df["eval_loss"].dropna() if "eval_loss" in df else pd.Series(dtype=float)
     seconds = tail["step_seconds"].sum()
-    cols = st.columns(7)
+    cols = st.columns(TILES_PER_ROW) + st.columns(TILES_PER_ROW)
     cols[0].metric("Step", f"{int(last['step'])}", help=f"of {run['total_steps']}")
     cols[1].metric("Train loss", f"{last['loss']:.4f}")
     cols[2].metric("Eval loss", f"{evals.iloc[-1]:.4f}" if len(evals) else "-")
@@ -36,7 +48,7 @@ def headline(df: pd.DataFrame, run: dict[str, Any]) -> None:
         joules = df[sources[0]].dropna().iloc[-1]
         kind = "measured" if sources[0].removeprefix("joules_") in series.MEASURED \
             else "estimate"
-        cols[5].metric(f"Energy ({kind})", f"{joules:,.1f} J",
+        cols[5].metric(f"Energy ({kind})", joules_text(joules),
                        help=series.source_note([s.removeprefix("joules_") for s in sources]))
     else:
         cols[5].metric("Energy", "-", help="not reported by this run")
@@ -85,7 +97,7 @@ def energy(b: pd.DataFrame, marks: pd.DataFrame) -> None:
                                                   "J/token")), strict=True):
         data = e[["step", "elapsed", "series", field]].rename(columns={field: "value"})
         _show(col, charts.lines(data.dropna(), "step", title=title, y_title=unit,
-                                marks=marks), title, marks)
+                                marks=marks, legend="bottom"), title, marks)
 
 
 def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any],
@@ -109,7 +121,7 @@ def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any],
 
 
 def staleness(b: pd.DataFrame, marks: pd.DataFrame, history: list, policy: dict[str, Any],
-              histogram: pd.DataFrame | None) -> None:
+              distribution: pd.DataFrame) -> None:
     if "staleness_max" not in b or not b["staleness_max"].notna().any():
         _absent("Staleness", "Only second-order optimizers with a refresh engine report it.")
         return
@@ -124,11 +136,14 @@ def staleness(b: pd.DataFrame, marks: pd.DataFrame, history: list, policy: dict[
                              y_title="steps", marks=marks,
                              step_lines=series.long(data, ["bound"])), title, marks)
     with right:
-        if histogram is not None and not histogram.empty:
-            _show(st, charts.staleness_histogram(histogram, policy["staleness_bound"]),
-                  "staleness distribution against the bound", None)
-        else:
-            st.caption("Staleness distribution: read from /metrics while the run is active.")
+        if distribution.empty:
+            st.caption("Staleness distribution: no step has reported staleness and its bound.")
+            return
+        over = int(distribution.loc[distribution["verdict"] == series.OVER, "steps"].sum())
+        name = (f"staleness distribution: {int(distribution['steps'].sum())} steps, {over} over "
+               "the bound in force at them")
+        st.altair_chart(charts.staleness_histogram(distribution, series.WITHIN, series.OVER),
+                        width=WIDE, alt=name)
 
 
 def refresh(b: pd.DataFrame, marks: pd.DataFrame) -> None:

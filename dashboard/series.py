@@ -12,6 +12,7 @@ reported by this run", never drawn as zeros.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pandas as pd
@@ -68,6 +69,9 @@ class StepBuffer:
         self.evals: list[dict[str, Any]] = []
         self.last_step = 0
         self.tokens_total = 0
+        self.staleness: Counter[tuple[int, int]] = Counter()
+        """Steps per (staleness max, bound in force at that step), over every record seen:
+        exact however the rows are thinned, and small (a few distinct values)."""
 
     def extend(self, records: list[dict[str, Any]]) -> int:
         """Add records newer than last_step; returns how many were new."""
@@ -79,6 +83,8 @@ class StepBuffer:
             self.tokens_total = row["tokens_total"]
             self.last_step = record["step"]
             self.rows.append(row)
+            if row.get("staleness_max") is not None and row.get("staleness_bound") is not None:
+                self.staleness[(row["staleness_max"], row["staleness_bound"])] += 1
             if row.get("eval_loss") is not None:
                 self.evals.append(row)
             added += 1
@@ -140,8 +146,9 @@ def energy(df: pd.DataFrame) -> pd.DataFrame:
     for col in columns(df, "joules_"):
         source = col.removeprefix("joules_")
         d = df[["step", "elapsed", "tokens_total", col]].dropna().rename(columns={col: "joules"})
-        # Meters are read every few steps (telemetry.energy_poll_seconds): power is the energy
-        # difference between successive readings over their time, not between steps.
+        # Measured meters are read every few steps (telemetry.energy_poll_seconds): power is
+        # the energy difference between successive readings over their time, not between
+        # steps. The estimate is credited at every step's end, so each step is a reading.
         polls = d[d["joules"].diff().fillna(1.0) != 0]
         dt = polls["elapsed"].diff()
         d["watts"] = (polls["joules"].diff() / dt).where(dt > 0)
@@ -198,21 +205,20 @@ def gauge_by_label(metrics_text: str, name: str, label: str) -> dict[str, float]
     return out
 
 
-def staleness_histogram(metrics_text: str) -> pd.DataFrame:
-    """Observations per staleness bucket (one per block per step) from /metrics; may be empty."""
-    name = "asteria_preconditioner_staleness_steps_bucket"
-    cumulative = []
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{"):
-            labels, _, value = line.rpartition(" ")
-            le = labels.split('le="', 1)[1].split('"', 1)[0]
-            cumulative.append((float(le), float(value)))
-    if not cumulative or cumulative[-1][1] == 0:
-        return pd.DataFrame(columns=["staleness", "observations"])
-    cumulative.sort()
-    rows, before = [], 0.0
-    for le, count in cumulative:
-        rows.append({"staleness": "inf" if le == float("inf") else f"<= {le:g}",
-                     "observations": count - before})
-        before = count
-    return pd.DataFrame(rows)
+WITHIN, OVER = "within its bound", "over its bound"
+
+
+def staleness_distribution(buffer: StepBuffer) -> pd.DataFrame:
+    """Steps per staleness max, each judged against the bound in force at that step.
+
+    A record's `refresh` section is the state after its boundary: its staleness max and its
+    staleness bound are both what the next step sees, so each step is compared with its own
+    bound, never with the bound in force now (after S went 10 -> 6, a step at 8 under S = 10 was
+    within its bound). Columns: staleness, verdict (WITHIN or OVER), steps; by staleness.
+    """
+    counts: Counter[tuple[int, str]] = Counter()
+    for (value, bound), steps in buffer.staleness.items():
+        counts[(value, OVER if value > bound else WITHIN)] += steps
+    out = pd.DataFrame([{"staleness": v, "verdict": k, "steps": n}
+                        for (v, k), n in counts.items()], columns=["staleness", "verdict", "steps"])
+    return out.sort_values(["staleness", "verdict"]).reset_index(drop=True)

@@ -11,7 +11,7 @@ from dashboard.client import ACTIVE, ApiError
 
 
 def metrics_text(base: str, run: dict[str, Any]) -> str:
-    """The active run's /metrics (staleness distribution, tier capacities); "" for a past run."""
+    """The active run's /metrics (tier capacities); "" for a past run."""
     if run["status"] not in ACTIVE:
         return ""
     try:
@@ -26,7 +26,8 @@ def draw(base: str, run: dict[str, Any]) -> None:
     now = state.run(base, run_id)
     if now["status"] != run["status"]:
         st.rerun()  # the banner, the timer and the form follow the new status
-    df = series.frame(state.sync(base, run_id))
+    buffer = state.sync(base, run_id)
+    df = series.frame(buffer)
     if df.empty:
         st.info("No step recorded yet; the first records arrive within a second of the "
                 "run's first step.", icon=":material/hourglass_empty:")
@@ -44,12 +45,11 @@ def draw(base: str, run: dict[str, Any]) -> None:
     st.subheader("Energy")
     panels.energy(binned, marks)
     st.subheader("Preconditioner staleness")
-    text = metrics_text(base, now)
-    panels.staleness(binned, marks, history, policy,
-                     series.staleness_histogram(text) if text else None)
+    panels.staleness(binned, marks, history, policy, series.staleness_distribution(buffer))
     st.subheader("Refresh queue and background load")
     panels.refresh(binned, marks)
     st.subheader("Optimizer-state tiers")
+    text = metrics_text(base, now)
     panels.tiers(binned, marks, policy,
                  series.gauge_by_label(text, "asteria_tier_capacity_bytes", "tier"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from dashboard import series
 
@@ -92,16 +92,29 @@ def test_markers_and_bound_follow_the_audit():
     assert series.markers([], df).empty
 
 
-def test_staleness_histogram_from_a_real_exposition():
-    registry = CollectorRegistry()
-    h = Histogram("asteria_preconditioner_staleness_steps", "staleness", registry=registry,
-                  buckets=(0, 1, 2, 4))
-    assert series.staleness_histogram(generate_latest(registry).decode()).empty
-    for value in (0, 1, 1, 3, 9):
-        h.observe(value)
-    hist = series.staleness_histogram(generate_latest(registry).decode())
-    assert list(hist["staleness"]) == ["<= 0", "<= 1", "<= 2", "<= 4", "inf"]
-    assert list(hist["observations"]) == [1, 2, 0, 1, 1]
+def refresh(staleness_max: int, bound: int) -> dict:
+    return {"staleness_max": staleness_max, "staleness_bound": bound, "queue_depth": 0,
+            "background_load": 0.5, "workers_busy_ratio": 0.5, "failures": 0,
+            "inline_fallbacks": 0}
+
+
+def test_each_step_is_judged_against_the_bound_in_force_at_it():
+    # S went 10 -> 6 at step 51: steps at 8 and 10 under S = 10 were within their bound, and
+    # so is everything after; one step over its own bound is the only red one.
+    records = [record(s, refresh=refresh(s % 11, 10)) for s in range(1, 51)]
+    records += [record(s, refresh=refresh(s % 7, 6)) for s in range(51, 101)]
+    records.append(record(101, refresh=refresh(7, 6)))
+    buf = series.StepBuffer(max_rows=30, keep_recent=10)  # thinned rows keep exact counts
+    for start in range(0, len(records), 20):
+        buf.extend(records[start:start + 20])
+    dist = series.staleness_distribution(buf)
+    assert dist["steps"].sum() == 101
+    over = dist[dist["verdict"] == series.OVER]
+    assert over[["staleness", "steps"]].values.tolist() == [[7, 1]]
+    within = dist[dist["verdict"] == series.WITHIN].set_index("staleness")["steps"]
+    assert within[8] == 4 and within[10] == 4  # steps 8, 19, 30, 41 and 10, 21, 32, 43
+    assert list(dist["staleness"]) == sorted(dist["staleness"])
+    assert series.staleness_distribution(series.StepBuffer()).empty
 
 
 def test_real_records_from_a_finished_run(http, finished_run):
