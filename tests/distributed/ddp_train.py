@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -70,6 +71,10 @@ def main() -> None:
     cli.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on PORT + rank")
     cli.add_argument("--every-rank-refreshes", action="store_true",
                      help="no owner ranks: each rank refreshes every block (a reference)")
+    cli.add_argument("--checkpoint-every", type=int, default=0,
+                     help="every N steps each rank writes its checkpoint under <out>/ckpt")
+    cli.add_argument("--die-at-step", type=int, default=0,
+                     help="rank 1 kills itself (SIGKILL) at this step, in the first attempt")
     args = cli.parse_args()
     torch.set_num_threads(1)
     # float64 throughout: DDP's averaged gradient and the single process's differ by rounding,
@@ -86,7 +91,17 @@ def main() -> None:
                                                      "refresh_dtype": "float64"}
     opt = asteria.build_optimizer(args.optimizer, model.parameters(), lr=1e-2, **options)
     fn = slow(args.slow_seconds) if rank == args.slow_rank else refresh_fn
-    runtime = asteria.Runtime(opt, model=model, policy=POLICY, refresh_fn=fn,
+    ckpt = Path(args.out) / "ckpt" / f"rank{rank}.pt"
+    start, policy = 0, POLICY
+    if ckpt.is_file():  # a restart (torchrun --max-restarts): resume this rank's checkpoint
+        state = torch.load(ckpt, weights_only=False)  # our own file, written below
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start = state["runtime"]["step"]
+        live = state["runtime"]["policy"]
+        policy = asteria.LivePolicy(asteria.Policy(**live["current"]), version=live["version"],
+                                    start_step=start)
+    runtime = asteria.Runtime(opt, model=model, policy=policy, refresh_fn=fn, start_step=start,
                               telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
                               run_id=f"ddp-rank{rank}",
                               distributed=False if args.every_rank_refreshes else None)
@@ -99,6 +114,17 @@ def main() -> None:
     share = GLOBAL_BATCH // world
     change, refused = None, None
     for step, (x, y) in enumerate(global_batches(args.steps)):
+        if step < start:
+            continue
+        if args.die_at_step and step == args.die_at_step and rank == 1 and \
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step and args.checkpoint_every and step % args.checkpoint_every == 0:
+            runtime.settle()  # refreshes in flight go into the optimizer's state, on every rank
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "runtime": runtime.state_dict()}, ckpt.with_suffix(".tmp"))
+            os.replace(ckpt.with_suffix(".tmp"), ckpt)
         if step == 5 and world > 1:  # the same swap schedule: d stays 2
             try:
                 change = runtime.policy.propose({"staleness_bound": 3}).effective_step
