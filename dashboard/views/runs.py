@@ -16,6 +16,9 @@ MODELS = {"tiny (~30K params)": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block
           "default (~1M)": {}}
 OPTIMIZERS = ("adamw", "soap", "shampoo", "kl_shampoo")
 RESUMABLE = ("paused", "stopped", "interrupted", "failed")
+DEFAULT_WATTS = 15.0
+"""The default run's energy estimate (backend/cli.py SERVED_RUN; tests/dashboard/test_defaults.py
+holds the two equal: the dashboard reaches the control plane over HTTP only)."""
 
 
 def run_table(runs: list[dict[str, Any]]) -> None:
@@ -71,7 +74,7 @@ def start_form() -> None:
         evals = c2.number_input("Eval every (steps)", min_value=1, value=100, step=10,
                                 key="new_eval")
         watts = c3.number_input("Energy estimate (W per busy core, 0 = off)", min_value=0.0,
-                                value=0.0, step=5.0, key="new_watts",
+                                value=DEFAULT_WATTS, step=5.0, key="new_watts",
                                 help="telemetry.model_cpu_watts: an estimate, shown as such; "
                                      "measured sources (NVML, RAPL) are used where present.")
         bound = c4.number_input("Staleness bound", min_value=0, value=10, step=1,
