@@ -17,7 +17,14 @@ import httpx
 import pytest
 
 from tests.backend.conftest import TOKEN, free_port
-from tests.dashboard.stack import ARTIFACTS, Dashboard, chromium, tiny_run, wait_until
+from tests.dashboard.stack import (
+    ARTIFACTS,
+    Dashboard,
+    chromium,
+    sign_in,
+    tiny_run,
+    wait_until,
+)
 
 # loss vs step and vs wall-clock, phases, idle, power, joules, joules/token, staleness max,
 # refresh queue depth, background load: the charts over steps or wall-clock
@@ -66,6 +73,7 @@ def test_watch_tune_and_see_the_marker(browser, dashboard, http, live_run, tmp_p
     wait_until(lambda: int(step.inner_text()) > first, 60, 0.2, "the step counter to move")
 
     # The form: change the staleness bound; the server answers with a version and a step.
+    sign_in(page, TOKEN)
     before = http.get(f"/runs/{live_run}/policy").json()
     version, bound = before["version"] + 1, before["policy"]["staleness_bound"] + 3
     page.get_by_label("Staleness bound S (steps)").fill(str(bound))
@@ -176,6 +184,7 @@ def _check_the_truth(browser, dashboard, http, live_run, api, expect) -> None:
     step = page.get_by_test_id("stMetric").filter(has=label).get_by_test_id("stMetricValue")
     step.wait_for(timeout=60_000)
 
+    sign_in(page, TOKEN)
     before = http.get(f"/runs/{live_run}/policy").json()
     page.get_by_label("Staleness bound S (steps)").fill("3")
     page.get_by_role("button", name="Apply policy change").click()
@@ -245,4 +254,15 @@ def _check_the_truth(browser, dashboard, http, live_run, api, expect) -> None:
     assert hosts <= {urlsplit(dashboard.url).netloc, urlsplit(api.url).netloc}, hosts
     assert page.get_by_test_id("stAppDeployButton").count() == 0
     assert page.get_by_role("button", name="Deploy").count() == 0
+    page.close()
+    # a page's own address, loaded directly (Streamlit first asks /policy/_stcore/health there,
+    # a 404 from the dashboard's server, to find its base path: streamlit/streamlit#7074)
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    direct: list[str] = []
+    page.on("request", lambda r: direct.append(r.url))
+    page.goto(dashboard.url + "/policy")
+    expect(page.get_by_role("heading", name="Policy")).to_be_visible(timeout=60_000)
+    page.wait_for_timeout(2000)
+    assert {urlsplit(u).netloc for u in direct if urlsplit(u).scheme != "data"} == \
+        {urlsplit(dashboard.url).netloc}, direct
     page.close()
