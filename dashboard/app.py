@@ -59,11 +59,11 @@ def sign_in_box() -> None:
         return
     _, where = state.env_sign_in_token()
     with st.form("sign_in", border=False):
-        typed = st.text_input(
-            "Sign-in token", type="password", key="sign_in_token",
-            help=f"To change the policy, send commands or start runs; it is {where}." if where
-            else "No token is configured (ASTERIA_DASHBOARD_TOKEN, ASTERIA_TOKEN or the token "
-                 "file): nothing can be changed from this dashboard.")
+        typed = st.text_input("Sign-in token", type="password", key="sign_in_token")
+        # the explanation is a caption: a help button would share the input's accessible name
+        st.caption(f"Watching needs none; changes do. It is {where}." if where else
+                   "No token is configured (ASTERIA_DASHBOARD_TOKEN, ASTERIA_TOKEN or the token "
+                   "file): nothing can be changed from this dashboard.")
         if st.form_submit_button("Sign in", key="sign_in_submit"):
             if state.sign_in(typed):
                 st.rerun()

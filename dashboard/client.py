@@ -50,6 +50,10 @@ class Unauthorized(ApiError):
     """401: the token is missing or wrong."""
 
 
+class NotSignedIn(ApiError):
+    """A change was asked for by a browser session that has not signed in to the dashboard."""
+
+
 class NotFound(ApiError):
     """404: no such run (or no such route: the URL is not a control plane)."""
 
@@ -93,8 +97,8 @@ def _raise_for(response: httpx.Response, what: str) -> None:
         return
     detail = _detail(response)
     if code == 401:
-        raise Unauthorized(f"{what}: the control plane refused the token (401). Set the token "
-                           "in the sidebar, or ASTERIA_TOKEN / ASTERIA_TOKEN_FILE.", code)
+        raise Unauthorized(f"{what}: the control plane refused the token (401) this dashboard "
+                           "holds; set ASTERIA_TOKEN or ASTERIA_TOKEN_FILE where it runs.", code)
     if code == 422 and isinstance(detail, list):
         errors = [(_field(e.get("loc", [])), str(e.get("msg", e))) for e in detail]
         text = "; ".join(f"{f}: {without_field(f, m)}" for f, m in errors)

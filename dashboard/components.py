@@ -16,6 +16,7 @@ from dashboard.client import (
     ACTIVE,
     ApiError,
     Invalid,
+    NotSignedIn,
     Unauthorized,
     Unreachable,
     without_field,
@@ -88,6 +89,8 @@ def banner(err: ApiError) -> None:
         st.error(f"**Control plane unreachable.** {err}", icon=":material/cloud_off:")
     elif isinstance(err, Unauthorized):
         st.error(f"**Token refused.** {err}", icon=":material/key_off:")
+    elif isinstance(err, NotSignedIn):
+        st.warning(f"**Not signed in.** {err}", icon=":material/lock:")
     else:
         st.error(str(err), icon=":material/error:")
 

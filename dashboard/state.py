@@ -1,14 +1,19 @@
-"""Settings from the environment, the session's connection and selection, cached reads.
+"""Settings from the environment, the session's connection, sign-in and selection, cached reads.
 
-Environment: ASTERIA_URL (default http://127.0.0.1:8000); the token from ASTERIA_TOKEN, else the
-file ASTERIA_TOKEN_FILE, else <ASTERIA_DATA_DIR or asteria-data>/token (what `asteria serve`
-writes). Both are editable in the sidebar. Reads go through `st.cache_data` with a short ttl
-and bounded entries, so many open tabs do not multiply the load on the control plane; step
-records are fetched incrementally (`since`) into bounded per-session buffers.
+Environment: ASTERIA_URL (default http://127.0.0.1:8000; a browser cannot change it); the API token
+from ASTERIA_TOKEN, else the file ASTERIA_TOKEN_FILE, else <ASTERIA_DATA_DIR or
+asteria-data>/token (what `asteria serve` writes). The API token stays in this process: it is
+never sent to a browser. Reads need no token; a browser session may change things (policy,
+commands, new runs) only after signing in with the sign-in token: ASTERIA_DASHBOARD_TOKEN, else
+the file ASTERIA_DASHBOARD_TOKEN_FILE, else the API token itself (which the operator already
+has). Reads go through `st.cache_data` with a short ttl and bounded entries, so many open tabs
+do not multiply the load on the control plane; step records are fetched incrementally (`since`)
+into bounded per-session buffers.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -16,7 +21,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.client import DEFAULT_URL, Client
+from dashboard.client import DEFAULT_URL, Client, NotSignedIn
 from dashboard.series import StepBuffer
 
 TTL = 2.0
@@ -46,13 +51,50 @@ def env_token() -> tuple[str, str]:
         return "", ""
 
 
+def env_sign_in_token() -> tuple[str, str]:
+    """(the secret a browser session signs in with, where it came from)."""
+    token = os.environ.get("ASTERIA_DASHBOARD_TOKEN", "").strip()
+    if token:
+        return token, "ASTERIA_DASHBOARD_TOKEN"
+    path = os.environ.get("ASTERIA_DASHBOARD_TOKEN_FILE", "").strip()
+    if path:
+        try:
+            return Path(path).read_text().strip(), path
+        except OSError:
+            return "", ""
+    token, where = env_token()
+    return token, f"the API token ({where})" if token else ""
+
+
+SIGNED_IN = "_asteria_signed_in"
+"""Session-state key set by `sign_in` only (not a widget's, so no browser message can set it)."""
+
+
+def signed_in() -> bool:
+    return bool(st.session_state.get(SIGNED_IN))
+
+
+def sign_in(typed: str) -> bool:
+    secret, _ = env_sign_in_token()
+    ok = bool(secret) and hmac.compare_digest(typed.strip().encode(), secret.encode())
+    st.session_state[SIGNED_IN] = ok
+    return ok
+
+
+def sign_out() -> None:
+    st.session_state.pop(SIGNED_IN, None)
+
+
 def url() -> str:
-    return st.session_state.get("url") or env_url()
+    return env_url()
 
 
 def client() -> Client:
-    token = st.session_state.get("token")
-    return Client(url(), env_token()[0] if token is None else token)
+    """The client for changes: with the API token held here, for a signed-in session only."""
+    if not signed_in():
+        raise NotSignedIn("Sign in (in the sidebar) to change the policy, send commands or "
+                          "start runs; watching needs no sign-in.")
+    return Client(url(), env_token()[0])
 
 
 def selected_run() -> str | None:

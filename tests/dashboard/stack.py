@@ -77,10 +77,10 @@ def answers(url: str, body: str | None = None) -> bool:
 class Dashboard:
     """`python -m streamlit run dashboard/app.py` on `port`, pointed at a control plane."""
 
-    def __init__(self, port: int, api_url: str, token: str, log: Path) -> None:
+    def __init__(self, port: int, api_url: str, token: str, log: Path, **env_extra: str) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
-        env = dict(os.environ, ASTERIA_URL=api_url, ASTERIA_TOKEN=token)
+        env = dict(os.environ, ASTERIA_URL=api_url, ASTERIA_TOKEN=token, **env_extra)
         self._out = log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
@@ -104,6 +104,13 @@ class Dashboard:
             self.proc.kill()
             self.proc.wait()
         self._out.close()
+
+
+def sign_in(page, token: str) -> None:
+    """Sign a browser session in to the dashboard (the sidebar's form), as an operator would."""
+    page.get_by_label("Sign-in token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Sign out").wait_for(timeout=30_000)
 
 
 def chromium() -> tuple[Path | None, str]:

@@ -12,14 +12,18 @@ import pyarrow as pa
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from dashboard.state import SIGNED_IN
 from tests.backend.conftest import free_port
 from tests.dashboard.conftest import wait_status
 from tests.dashboard.stack import APP, wait_until
 
 
 def app(run_id: str | None = None, page: str | None = None) -> AppTest:
+    """The app after a first run, signed in (as an operator who typed the sign-in token; the
+    browser test signs in through the form)."""
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.run()
+    at.session_state[SIGNED_IN] = True
     if run_id is not None:
         at.session_state["select_run"] = run_id
     if page is not None:
@@ -134,7 +138,7 @@ def test_wrong_token_gives_a_banner(dashboard_env, monkeypatch, http, live_run):
     monkeypatch.setenv("ASTERIA_TOKEN", "wrong-token")
     at = app(live_run, "views/policy.py")
     version = http.get(f"/runs/{live_run}/policy").json()["version"]
-    at.number_input(key=f"pf_workers_{live_run}_{version}").set_value(3)
+    at.number_input(key=f"pf_workers_{live_run}_{version}").set_value(2)
     at.button(key=f"pf_submit_{live_run}").click().run()
     assert not at.exception, at.exception
     assert "**Token refused.**" in texts(at.error)

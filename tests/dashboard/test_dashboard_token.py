@@ -1,0 +1,97 @@
+"""The dashboard never hands out the API token (issue 16, item 4).
+
+A real control plane, `streamlit run` of the dashboard holding the API token, and headless
+Chromium recording everything it receives: every HTTP response body and every websocket frame.
+The operator watches without signing in, is refused a change, signs in (typing the sign-in
+token, by default the API token itself) and changes the policy; the change reaches the control
+plane with the token the dashboard holds, and the token is in nothing the browser received.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.backend.conftest import TOKEN, free_port
+from tests.dashboard.stack import Dashboard, sign_in, tiny_run, wait_until
+from tests.dashboard.test_browser import browser  # noqa: F401 (the shared Chromium fixture)
+
+SIGN_IN = "dashboard-sign-in-789"
+
+
+class Received:
+    """Everything a page receives: response bodies (read at the end) and websocket frames."""
+
+    def __init__(self, page) -> None:
+        self.responses, self.frames = [], []
+        page.on("response", lambda response: self.responses.append(response))
+        page.on("websocket", lambda ws: ws.on("framereceived",
+                                               lambda frame: self.frames.append(frame)))
+
+    def holding(self, secret: str) -> list[str]:
+        """Where `secret` appears: URLs of responses, indexes of frames."""
+        needle = secret.encode()
+        found = []
+        for response in self.responses:
+            try:
+                body = response.body()
+            except Exception:  # a redirect or a body the browser did not keep: nothing received
+                continue
+            if needle in body or needle in str(response.headers).encode():
+                found.append(response.url)
+        for i, frame in enumerate(self.frames):
+            data = frame.encode() if isinstance(frame, str) else bytes(frame)
+            if needle in data:
+                found.append(f"websocket frame {i}")
+        return found
+
+
+@pytest.fixture
+def live_run(fresh_api):
+    with httpx.Client(base_url=fresh_api.url, timeout=30,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        r = http.post("/runs", json={"config": tiny_run(10_000_000, eval_interval=100)})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+        wait_until(lambda: http.get(f"/runs/{run_id}").json()["step"] > 0, what="first steps")
+        yield http, run_id
+        http.post(f"/runs/{run_id}/stop")
+
+
+@pytest.mark.parametrize("own_sign_in", [False, True], ids=["api-token", "own-token"])
+def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_path,  # noqa: F811
+                                              own_sign_in):
+    from playwright.sync_api import expect
+
+    http, run_id = live_run
+    env = {"ASTERIA_DASHBOARD_TOKEN": SIGN_IN} if own_sign_in else {}
+    with Dashboard(free_port(), fresh_api.url, TOKEN, tmp_path / "streamlit.log", **env) as dash:
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        received = Received(page)
+        page.goto(dash.url)
+        page.get_by_test_id("stMetric").first.wait_for(timeout=60_000)
+        form = page.get_by_label("Staleness bound S (steps)")
+        before = http.get(f"/runs/{run_id}/policy").json()
+
+        # Watching needs no sign-in; a change does, and nothing is sent without it.
+        form.fill(str(before["policy"]["staleness_bound"] + 1))
+        page.get_by_role("button", name="Apply policy change").click()
+        expect(page.get_by_test_id("stAlert").filter(has_text="Not signed in")).to_be_visible(
+            timeout=30_000)
+        assert http.get(f"/runs/{run_id}/policy").json()["version"] == before["version"]
+
+        sign_in(page, SIGN_IN if own_sign_in else TOKEN)
+        assert page.get_by_label("Sign-in token").count() == 0
+        bound = before["policy"]["staleness_bound"] + 2
+        form.fill(str(bound))
+        page.get_by_role("button", name="Apply policy change").click()
+        expect(page.get_by_test_id("stAlert").filter(has_text="Accepted")).to_contain_text(
+            f"version {before['version'] + 1}", timeout=30_000)
+        policy = wait_until(lambda: (p := http.get(f"/runs/{run_id}/policy").json())["version"]
+                            > before["version"] and p, what="the change applied")
+        assert policy["policy"]["staleness_bound"] == bound
+        page.wait_for_timeout(5000)  # a few of the live page's refreshes after signing in
+        assert received.frames, "no websocket frame recorded: nothing was checked"
+        assert received.holding(TOKEN) == []
+        assert TOKEN not in page.content()
+        page.close()
