@@ -17,11 +17,26 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import asteria_core as asteria  # noqa: E402
 from asteria_core.train.config import ModelConfig  # noqa: E402
-from asteria_core.train.data import BatchLoader, encode, load_corpus, split_tokens  # noqa: E402
+from asteria_core.train.data import (  # noqa: E402
+    BatchLoader,
+    encode,
+    fixed_eval_batches,
+    load_corpus,
+    split_tokens,
+)
 from asteria_core.train.model import GPT  # noqa: E402
 
 MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=64)
 BATCH = 8  # sequences per rank
+
+
+@torch.no_grad()
+def evaluate(model: GPT, tokens: torch.Tensor) -> float:
+    """Validation loss on fixed batches (the same on every rank and every configuration)."""
+    model.eval()
+    losses = [model(x, y)[1] for x, y in fixed_eval_batches(tokens, MODEL.block_size, 8, 8)]
+    model.train()
+    return torch.stack(losses).mean().item()
 
 
 def main() -> None:
@@ -33,6 +48,8 @@ def main() -> None:
     cli.add_argument("--bound", type=int, default=5)
     cli.add_argument("--delay", default="auto")
     cli.add_argument("--workers", type=int, default=1)
+    cli.add_argument("--coherence", type=float, default=0.0,
+                     help="skip (and send no) refresh whose basis moved less than this")
     cli.add_argument("--allgather", action="store_true",
                      help="also all-gather a parameter-sized buffer every step (Distributed "
                           "Shampoo's search-direction exchange), to time it here")
@@ -47,11 +64,12 @@ def main() -> None:
     policy = asteria.Policy(refresh_interval=args.interval, staleness_bound=args.bound,
                             swap_delay=delay, workers=args.workers)
     opt = asteria.optimizer(model, args.optimizer, lr=3e-3, policy=policy,
-                            telemetry=asteria.TelemetryConfig(nvml=False, rapl=False))
+                            telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
+                            **({"coherence_threshold": args.coherence} if args.coherence else {}))
     runtime = opt.runtime
     records = []
     runtime.add_listener(records.append)
-    tokens, _ = split_tokens(encode(load_corpus("")), 0.1, MODEL.block_size)
+    tokens, tokens_val = split_tokens(encode(load_corpus("")), 0.1, MODEL.block_size)
     loader = BatchLoader(tokens, MODEL.block_size, BATCH, seed=1337 + rank)
     n_params = sum(p.numel() for p in model.parameters())
     gather_in = torch.zeros(n_params // world + 1)
@@ -87,6 +105,9 @@ def main() -> None:
             r.timing.idle_seconds["refresh_wait"] for r in steady),
         "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh), default=0),
         "refreshes": refresh.refreshes if refresh else 0,
+        "unchanged": refresh.unchanged if refresh else 0,
+        "final_loss": records[-1].loss,
+        "eval_loss": evaluate(model, tokens_val),
         "refresh_seconds": refresh.work_seconds if refresh else 0.0,
         "factor_bytes": factor_bytes,
         "bytes_sent": exchange.bytes_sent if exchange else 0,

@@ -13,7 +13,8 @@ hierarchical broadcast cannot deadlock:
 3. inside every other node: its leader -> its ranks.
 
 A transfer is a header (ok, stats step, base version, which parts follow, dtype) and, when the
-refresh succeeded, the new basis and the permutation or transport that the moment swap needs.
+refresh succeeded, the new basis and the permutation or transport that the moment swap needs;
+when the owner found the basis barely moved (selective coherence), the header alone.
 A failed refresh travels as a header with ok = 0, so every rank keeps its basis and counts the
 failure at the same step. Bytes are counted as sent by the source of each broadcast (payload x
 receivers) and received by each receiver: logical bytes, whatever gloo's algorithm does on the
@@ -39,9 +40,11 @@ from asteria_core.telemetry.records import DistributedFigures
 log = logging.getLogger(__name__)
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-Outcome = tuple[RefreshResult | None, str | None]
-"""(result, error) of the owner's refresh; exactly one of them is set."""
+Outcome = tuple[RefreshResult | None, str | None, bool]
+"""(result, error, unchanged) of the owner's refresh: unchanged when its basis barely moved
+(selective coherence: then only the header travels, and every rank keeps its basis)."""
 POLL_SECONDS = 0.005
+SENT, UNCHANGED = 1, 2  # header[0]; 0: the refresh failed
 
 
 @dataclass(eq=False)
@@ -55,6 +58,7 @@ class Transfer:
     """On the owner: the refresh's outcome once it is known (polled), None until then."""
     result: RefreshResult | None = None
     error: str | None = None
+    unchanged: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     arrived_at: float | None = None
 
@@ -127,15 +131,19 @@ class VersionExchange:
         header = torch.zeros(6, dtype=torch.int64)
         mine = item.owner == self.topology.rank
         if mine:
-            result, error = self._wait_outcome(item)
-            if result is not None:
-                header[:] = torch.tensor([1, result.stats_step, result.base_version,
+            result, error, unchanged = self._wait_outcome(item)
+            if unchanged:
+                header[0] = UNCHANGED
+            elif result is not None:
+                header[:] = torch.tensor([SENT, result.stats_step, result.base_version,
                                           result.perm is not None, result.transport is not None,
                                           DTYPES.index(result.basis.dtype)])
             item.error = error
         self._broadcast(header, item.owner)
         ok, stats_step, base_version, has_perm, has_transport, dtype = header.tolist()
-        if not ok:
+        if ok == UNCHANGED:
+            item.unchanged = True
+        elif not ok:
             item.error = item.error or f"refresh of block {tuple(item.key)} failed on its " \
                                        f"owner, rank {item.owner}"
         elif mine:

@@ -93,3 +93,14 @@ def off_diagonal_ratio(a_bb: torch.Tensor, q_bb: torch.Tensor) -> torch.Tensor:
     total = torch.linalg.matrix_norm(b_bb)
     off = torch.linalg.matrix_norm(b_bb - torch.diag_embed(torch.diagonal(b_bb)))
     return torch.where(total > 0, off / total, torch.zeros_like(total))
+
+
+def basis_change(old_bb: torch.Tensor, result) -> float:
+    """How far a refresh moved a block's basis: 1 - mean_j |<q_new_j, q_old_perm(j)>| (0 when
+    every new vector continues its old one; a `perm` maps new coordinates to the old ones they
+    continue, none means in order). The mean, not the worst vector: inside a near-degenerate
+    eigenspace vectors turn freely, which moves the preconditioner little. In [0, 1]."""
+    new_bb = result.basis.to(old_bb.dtype)
+    old_cols = old_bb if result.perm is None else old_bb[:, result.perm.to(old_bb.device)]
+    cosines = (new_bb.to(old_bb.device) * old_cols).sum(dim=0).abs()
+    return float(1.0 - cosines.mean())

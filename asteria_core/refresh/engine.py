@@ -39,6 +39,7 @@ from functools import partial
 from typing import Protocol
 
 from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.optim.matrix_functions import basis_change
 from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, refresh_fn
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh.host import host_copies_for
@@ -59,7 +60,13 @@ class Delivery(Protocol):
     owner: int
     result: RefreshResult | None
     error: str | None
+    unchanged: bool
+    """The owner found the new basis barely moved: every rank keeps the one in use."""
     done: threading.Event
+
+
+Outcome = tuple[RefreshResult | None, str | None, bool]
+"""(result, error, unchanged) of a refresh: unchanged when its basis barely moved."""
 
 
 class BlockExchange(Protocol):
@@ -69,7 +76,7 @@ class BlockExchange(Protocol):
     def owns(self, key: BlockKey) -> bool: ...
 
     def offer(self, key: BlockKey, stats_step: int, size: int,
-              outcome: Callable[[], tuple[RefreshResult | None, str | None] | None]) -> None:
+              outcome: Callable[[], Outcome | None]) -> None:
         """This rank's refresh of `key`: send its outcome (polled until known) to every rank."""
         ...
 
@@ -90,18 +97,26 @@ class Outstanding:
     """While held back by pacing: the boundary at which the job goes to the workers."""
     delivery: Delivery | None = None
     """Data-parallel: the result of a block another rank owns, on its way here."""
+    unchanged: bool | None = None
+    """Whether the new basis barely moved (`skip_below`), decided once its result is known."""
 
 
 class RefreshEngine:
     def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy,
                  reporter: Reporter | None = None, *, fn: RefreshFn = refresh_fn,
                  fallback_fn: RefreshFn = refresh_fn,
-                 exchange: BlockExchange | None = None) -> None:
+                 exchange: BlockExchange | None = None, skip_below: float = 0.0) -> None:
         """`exchange`: in a data-parallel run, this rank refreshes only the blocks it owns and
         swaps in the others' results, which every rank swaps at the same step."""
         self.opt = optimizer
         self.policy = policy
         self.exchange = exchange
+        self.skip_below = skip_below
+        """Selective coherence: a refresh whose basis moved less than this (1 - the mean
+        |cosine| between a new basis vector and the old one it continues) is not swapped in,
+        and in a data-parallel run not sent; 0 swaps every refresh."""
+        self.unchanged = 0
+        """Refreshes skipped so far because their basis barely moved."""
         self.reporter = reporter or NullReporter()
         self._host = host_copies_for(optimizer)
         """CUDA: copies snapshots to the host workers off the training stream (refresh/host)."""
@@ -218,15 +233,24 @@ class RefreshEngine:
                 item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size))
                 self.outstanding[key].append(item)
 
-    @staticmethod
-    def _outcome(item: Outstanding) -> tuple[RefreshResult | None, str | None] | None:
-        """(result, error) of this rank's refresh once known, from any thread; else None."""
+    def _outcome(self, item: Outstanding) -> Outcome | None:
+        """(result, error, unchanged) of this rank's refresh once known, from any thread."""
         if item.result is not None or item.error is not None:
-            return item.result, item.error
-        job = item.job
-        if job is not None and job.done.is_set():
-            return job.result, job.error
-        return None
+            result, error = item.result, item.error
+        elif item.job is not None and item.job.done.is_set():
+            result, error = item.job.result, item.job.error
+        else:
+            return None
+        return result, error, self._barely_moved(item, result)
+
+    def _barely_moved(self, item: Outstanding, result: RefreshResult | None) -> bool:
+        """Decided once per refresh, from its own snapshot (the same answer on any thread)."""
+        if item.unchanged is None:
+            job = item.job
+            basis = None if job is None else job.snapshot.basis
+            item.unchanged = bool(self.skip_below and result is not None and basis is not None
+                                  and basis_change(basis, result) < self.skip_below)
+        return item.unchanged
 
     def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
         """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each:
@@ -317,6 +341,7 @@ class RefreshEngine:
                     f"{tuple(item.key)} (statistics of step {item.stats_step}) within "
                     f"refresh_timeout_ms ({policy.refresh_timeout_ms} ms); stopping")
         item.result, item.error = delivery.result, delivery.error
+        item.unchanged = delivery.unchanged
 
     def _abandon(self, job: Job) -> None:
         for pool in (self._pool, *self._retired):
@@ -325,6 +350,15 @@ class RefreshEngine:
 
     def _swap(self, item: Outstanding, policy: Policy) -> None:
         ok = item.result is not None and item.error is None
+        if item.delivery is None and ok:
+            self._barely_moved(item, item.result)
+        if item.unchanged:  # every rank keeps the basis in use: no swap, no failure
+            self.unchanged += 1
+            self._consecutive[item.key] = 0
+            if item.delivery is None:
+                self.refreshes += 1
+                self.work_seconds += self._refresh_seconds.get(item.key, 0.0)
+            return
         if item.delivery is None:  # this rank's own refresh: its work counts here
             seconds = self._refresh_seconds.get(item.key, 0.0)
             self.reporter.refresh_done(seconds, ok=ok)

@@ -62,7 +62,8 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
               policy: Policy | LivePolicy | None = None, weight_decay: float = 0.0,
               telemetry: TelemetryConfig | None = None, reporter: RunReporter | None = None,
               run_id: str | None = None, run_dir: str | Path | None = None,
-              records: str | Path | None = None, **options: Any) -> torch.optim.Optimizer:
+              records: str | Path | None = None, coherence_threshold: float = 0.0,
+              **options: Any) -> torch.optim.Optimizer:
     """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
 
     `model` is the module being trained (its forward tells the runtime when a step starts, its
@@ -70,7 +71,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     groups (then mark phases with `opt.runtime.phase(...)`). The refresh interval comes from the
     policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
     class's own default) applies to matrices only when a module is given. See `Runtime` for
-    `telemetry`, `reporter`, `run_id`, `run_dir` and `records`.
+    `telemetry`, `reporter`, `run_id`, `run_dir`, `records` and `coherence_threshold`.
     """
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
     is_module = isinstance(model, torch.nn.Module)
@@ -82,5 +83,5 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
                           **options)
     Runtime(opt, model=model if is_module else None, policy=live, telemetry=telemetry,
             reporter=reporter, run_id=run_id, run_dir=run_dir, records=records,
-            optimizer_name=name)
+            optimizer_name=name, coherence_threshold=coherence_threshold)
     return opt

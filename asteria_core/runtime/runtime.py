@@ -77,7 +77,7 @@ class Runtime:
                  run_id: str | None = None, run_dir: str | Path | None = None,
                  records: str | Path | None = None, optimizer_name: str | None = None,
                  start_step: int = 0, distributed: bool | None = None,
-                 refresh_fn=default_refresh_fn) -> None:
+                 refresh_fn=default_refresh_fn, coherence_threshold: float = 0.0) -> None:
         """`policy`: the live policy (a `LivePolicy` to share one with a control plane).
         `telemetry`: its config (default: metrics on, no energy estimate); `reporter` replaces
         telemetry altogether (`NullReporter()` turns it off). `run_dir`: where the disk tier
@@ -85,7 +85,10 @@ class Runtime:
         that gets every step record. `start_step`: steps already trained (a resumed run).
         `distributed`: refresh as one rank of a data-parallel job (owner ranks, bases sent to
         every rank); None decides by whether torch.distributed is initialized with more than
-        one rank. `refresh_fn`: the refresh math (the seam; a test may slow it down)."""
+        one rank. `refresh_fn`: the refresh math (the seam; a test may slow it down).
+        `coherence_threshold`: skip (and in a data-parallel run, do not send) a refresh whose
+        basis moved less than this (1 - the mean |cosine| between new and old basis
+        vectors; 0, the default, swaps every refresh)."""
         if getattr(optimizer, "runtime", None) is not None:
             raise ValueError("this optimizer already has a runtime attached")
         self.optimizer = optimizer
@@ -122,7 +125,8 @@ class Runtime:
         if isinstance(optimizer, BlockPreconditioner):
             # Refreshes run off the critical path under the policy; state has a home tier.
             self.refresh = RefreshEngine(optimizer, self.policy, self.reporter, fn=refresh_fn,
-                                         exchange=self.exchange)
+                                         exchange=self.exchange,
+                                         skip_below=coherence_threshold)
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
         self._listeners: list[Listener] = []
         self._boundary_hooks: list[StepHook] = []

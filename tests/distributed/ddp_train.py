@@ -71,6 +71,8 @@ def main() -> None:
     cli.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on PORT + rank")
     cli.add_argument("--every-rank-refreshes", action="store_true",
                      help="no owner ranks: each rank refreshes every block (a reference)")
+    cli.add_argument("--coherence", type=float, default=0.0,
+                     help="skip (and send no) refresh whose basis moved less than this")
     cli.add_argument("--checkpoint-every", type=int, default=0,
                      help="every N steps each rank writes its checkpoint under <out>/ckpt")
     cli.add_argument("--die-at-step", type=int, default=0,
@@ -102,6 +104,7 @@ def main() -> None:
         policy = asteria.LivePolicy(asteria.Policy(**live["current"]), version=live["version"],
                                     start_step=start)
     runtime = asteria.Runtime(opt, model=model, policy=policy, refresh_fn=fn, start_step=start,
+                              coherence_threshold=args.coherence,
                               telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
                               run_id=f"ddp-rank{rank}",
                               distributed=False if args.every_rank_refreshes else None)
@@ -158,6 +161,7 @@ def main() -> None:
         "policy_change_effective_step": change, "policy_change_refused": refused,
         "history": [[c.version, c.effective_step] for c in runtime.policy.history()],
         "factor_bytes": factor_bytes, "refreshes": engine.refreshes,
+        "unchanged": engine.unchanged,
         "refresh_seconds": engine.work_seconds,
         "owned": None if exchange is None else sum(exchange.owns(k) for k in exchange.owners),
         "blocks": None if exchange is None else len(exchange.owners),

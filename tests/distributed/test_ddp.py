@@ -196,3 +196,17 @@ def test_a_killed_rank_stops_the_job_naming_it_and_a_restart_resumes_exactly(tmp
     for got, want in zip(params, expected, strict=True):
         assert all(torch.equal(got[k], want[k]) for k in want)
     assert reports[0]["steps"][0]["step"] == 11  # the restarted attempt began at the checkpoint
+
+
+def test_selective_coherence_sends_only_bases_that_moved_on_every_rank_alike(tmp_path):
+    """The owner decides a refresh barely moved its basis: only a header travels, and every
+    rank keeps the basis in use at that step, so replicas stay identical with fewer bytes."""
+    every, selective = tmp_path / "every", tmp_path / "selective"
+    torchrun(every)
+    torchrun(selective, "--coherence", "0.2")
+    _, full = ranks(every, 2)
+    params, reports = ranks(selective, 2)
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+    skipped = [r["unchanged"] for r in reports]
+    assert skipped[0] == skipped[1] > 0 and all(r["unchanged"] == 0 for r in full)
+    assert sum(r["bytes_sent"] for r in reports) < sum(r["bytes_sent"] for r in full)
