@@ -62,6 +62,8 @@ class ActiveRun:
     """The run's row and newest steps, served to polling clients from memory."""
     unbind: list = field(default_factory=list)
     """Removers of the listeners this manager added to the runtime."""
+    resume_step: int | None = None
+    """A resumed run: the step of its checkpoint, where stored pending changes take effect."""
 
 
 class RunManager:
@@ -147,13 +149,39 @@ class RunManager:
         config = config_from_dict(row["config"])
         config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, resume=str(checkpoint)))
-        policy = Policy(**row["policy"]) if row["policy"] else Policy()
         with self._lock:
             self._check_idle()
-            active = ActiveRun(run_id, config, LivePolicy(policy, version=row["policy_version"]))
+            active = ActiveRun(run_id, config, self._stored_policy(row),
+                               resume_step=row["checkpoint_step"] or 0)
             self.store.set_status(run_id, "running")
             self._launch(active)
         return self.get(run_id)
+
+    def _stored_policy(self, row: dict[str, Any]) -> LivePolicy:
+        """The policy a resumed run continues under, with every change ever acknowledged: the
+        stored policy, plus the changes in the audit that it does not hold yet (a PATCH is
+        answered only once its change is stored). Those in force before the checkpoint are
+        folded in; the others are queued again, and take effect from the first step the
+        resumed run trains (`_train` applies them before building the trainer)."""
+        policy = Policy(**row["policy"]) if row["policy"] else Policy()
+        version, later = row["policy_version"], []
+        for change in self.store.policy_changes(row["id"]):
+            if change["version"] <= version:
+                continue
+            values = {k: new for k, (_, new) in change["diff"].items()}
+            applied = change["applied_at"] is not None
+            if applied and change["effective_step"] <= (row["checkpoint_step"] or 0) and \
+                    not later:
+                policy, version = dataclasses.replace(policy, **values), change["version"]
+            else:
+                later.append((values, change))
+        live = LivePolicy(policy, version=version)
+        for values, change in later:
+            requeued = live.propose(values, client=change["client"])
+            if requeued.version != change["version"]:
+                log.warning("run %s: stored policy version %d requeued as version %d",
+                            row["id"], change["version"], requeued.version)
+        return live
 
     def command(self, run_id: str, command: str) -> dict[str, Any]:
         if command == "resume":
@@ -166,7 +194,13 @@ class RunManager:
         return self.get(run_id)
 
     def propose_policy(self, run_id: str, changes: dict[str, Any], client: str) -> PolicyChange:
-        return self._require_active(run_id).policy.propose(changes, client=client)
+        """Queue a change for the next step boundary, stored (pending) before it is queued and
+        acknowledged: a crash before that boundary loses no change that was answered 200."""
+        def persist(change: PolicyChange) -> None:
+            self.store.add_policy_change(run_id, dataclasses.asdict(change), durable=True)
+
+        return self._require_active(run_id).policy.propose(changes, client=client,
+                                                           persist=persist)
 
     def policy(self, run_id: str) -> tuple[dict[str, Any], int, list[PolicyChange]]:
         active = self._active
@@ -247,7 +281,11 @@ class RunManager:
         status, error = "failed", None
         try:
             active.policy.add_listener(lambda change: self._on_policy(active, change))
+            if active.resume_step is not None:  # as at the boundary after the checkpoint's step
+                active.policy.apply_pending(active.resume_step)
             trainer = Trainer(active.config, run_id=active.run_id, policy=active.policy)
+            if active.config.train.resume:  # the steps after the checkpoint are trained again
+                self.store.drop_steps_after(active.run_id, trainer.step)
             active.trainer, active.runtime = trainer, trainer.runtime
             self._bind(active, trainer.runtime)
             trainer.checkpoint_sinks.append(lambda step, path: self._on_checkpoint(active, step))

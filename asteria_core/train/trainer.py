@@ -10,6 +10,7 @@ step's figures; the boundary runs inside `optimizer.step()`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -96,6 +97,9 @@ class Trainer:
                                   config.train.seed)
         self.eval_batches = fixed_eval_batches(val_tokens, config.model.block_size,
                                                config.data.batch_size, config.train.eval_batches)
+        records = self.run_dir / "steps.jsonl"
+        if resume is not None:
+            _keep_records_until(records, int(resume["step"]))
         self.model = GPT(config.model).to(self.device)
         if policy is None and resume is not None and "policy" in resume:
             policy = LivePolicy(Policy(**resume["policy"]["current"]),
@@ -107,7 +111,7 @@ class Trainer:
         self.runtime = Runtime(
             self.optimizer, model=self.model, policy=self.policy, telemetry=config.telemetry,
             reporter=reporter, run_id=self.run_id, run_dir=self.run_dir,
-            records=self.run_dir / "steps.jsonl" if jsonl else None,
+            records=records if jsonl else None,
             optimizer_name=config.optim.name)
         self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []
@@ -230,6 +234,24 @@ class Trainer:
         result.step = self.step
         result.stopped_early = self.step < cfg.steps
         return result
+
+
+def _keep_records_until(path: Path, step: int) -> None:
+    """A resumed run trains the steps after its checkpoint again: their old records (written
+    before a crash) go, and so does a line the crash cut short, so the file has each step once."""
+    if not path.is_file():
+        return
+    kept = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                if line.endswith("\n") and json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _progress_bar(start: int, total: int, *, enabled: bool):
