@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -75,11 +77,41 @@ def to_toml(config: RunConfig) -> str:
     return "\n".join(lines)
 
 
+def _stop_on_signals(trainer: Any) -> tuple[list[int], dict]:
+    """SIGINT and SIGTERM (what orchestrators send first) stop the run at its next step
+    boundary, which checkpoints; a second one ends the process at once (the last checkpoint
+    stays). Installed explicitly: a run started in the background from a script inherits an
+    ignored SIGINT. Returns the signals received and the handlers to restore."""
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if received:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        received.append(signum)
+        trainer.request_stop()
+
+    return received, {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT,
+                                                                     signal.SIGTERM)}
+
+
+def _last_checkpoint(trainer: Any) -> str:
+    from asteria_core.train import checkpoint as ckpt
+
+    path = trainer.run_dir / ckpt.CHECKPOINT_NAME
+    return f"the last checkpoint is {path}" if path.is_file() else "no checkpoint was written"
+
+
 def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     from asteria_core.refresh import RefreshFailed
+    from asteria_core.tiers import TierFileError
     from asteria_core.train.trainer import Trainer
 
-    trainer = Trainer(config)
+    try:
+        trainer = Trainer(config)
+    except (OSError, ValueError, TierFileError) as err:  # unreadable, unwritable, too full
+        print(f"asteria: cannot start the run: {err}", file=sys.stderr)
+        return 1
     host, port = config.telemetry.metrics_host, config.telemetry.metrics_port
     if port and trainer.telemetry is not None:
         try:
@@ -93,18 +125,32 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
           f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
           f"writing {trainer.run_dir}", flush=True)
+    received, previous = _stop_on_signals(trainer)
+    failed = None
     try:
         result = trainer.train(progress=not args.no_progress)
-    except KeyboardInterrupt:
-        print(f"\nasteria: interrupted at step {trainer.step}; checkpoint saved in "
-              f"{trainer.run_dir}", file=sys.stderr)
-        return 130
     except RefreshFailed as err:
         print(f"asteria: run stopped at step {trainer.step}: {err}; checkpoint saved in "
               f"{trainer.run_dir}", file=sys.stderr)
         return 1
+    except (OSError, TierFileError) as err:  # a full disk, a folder it may not write
+        failed = err
+        print(f"asteria: run stopped at step {trainer.step}: {err}; {_last_checkpoint(trainer)}",
+              file=sys.stderr)
+        return 1
     finally:
-        trainer.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:
+            trainer.close()
+        except (OSError, TierFileError):
+            if failed is None:
+                raise  # else: the same failure, already reported in one line
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"\nasteria: stopped by {name} at step {trainer.step}; checkpoint saved in "
+              f"{trainer.run_dir}", file=sys.stderr)
+        return 128 + received[0]
     if result.eval_losses:
         last_step = max(result.eval_losses)
         print(f"asteria: done at step {result.step}; validation loss "

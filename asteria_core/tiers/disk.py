@@ -34,7 +34,9 @@ READ_CHUNK = 8 << 20  # bytes per read call; a multiple of ALIGN (O_DIRECT)
 
 
 class TierFileError(RuntimeError):
-    """A disk-tier file is missing, truncated or corrupt; raised before any value is used."""
+    """A disk-tier file is missing, truncated or corrupt (raised before any value is used), or
+    could not be written (a full disk: the previous file is kept, the state in memory is not
+    on disk, so the run stops without checkpointing it)."""
 
     def __init__(self, tensor: str, path: Path, why: str) -> None:
         super().__init__(f"optimizer state {tensor}: disk-tier file {path} {why}")
@@ -77,6 +79,8 @@ class DiskTier:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        for left in self.folder.glob("*.new"):  # a write cut short by a crash
+            left.unlink(missing_ok=True)
         self.direct = probe_direct(self.folder)
         self.bytes_written = 0
         self.bytes_read = 0
@@ -99,22 +103,29 @@ class DiskTier:
         crcs = self._crc.submit(lambda: [zlib.crc32(data[off:off + n]) for _, off, n in parts])
         head_size = padded(len(self._head(name, size, parts, [0xFFFFFFFF] * len(parts), 0)))
         final, tmp = self.path(name), self.folder / f"{name}.new"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self._flag(), 0o600)
         try:
-            total = os.pwritev(fd, [data[:size]], head_size)
-            head = self._head(name, size, parts, crcs.result(), head_size)
-            header = aligned_buffer(head_size)
-            header[:len(head)] = np.frombuffer(head, np.uint8)
-            total += os.pwritev(fd, [header], 0)
-            if total != head_size + size:
-                raise OSError(errno.EIO, f"short write of {tmp}: {total} bytes")
-            if not self.direct:
-                os.fdatasync(fd)  # dirty pages cannot be dropped before they are written
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            crcs.result()  # the helper is done with `data` before the caller reuses it
-            os.close(fd)
-        os.replace(tmp, final)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self._flag(), 0o600)
+            try:
+                total = os.pwritev(fd, [data[:size]], head_size)
+                head = self._head(name, size, parts, crcs.result(), head_size)
+                header = aligned_buffer(head_size)
+                header[:len(head)] = np.frombuffer(head, np.uint8)
+                total += os.pwritev(fd, [header], 0)
+                if total != head_size + size:
+                    raise OSError(errno.ENOSPC if total < head_size + size else errno.EIO,
+                                  f"short write of {tmp}: {total} bytes")
+                if not self.direct:
+                    os.fdatasync(fd)  # dirty pages cannot be dropped before they are written
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                crcs.result()  # the helper is done with `data` before the caller reuses it
+                os.close(fd)
+            os.replace(tmp, final)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)  # the previous file, if any, stays as it was
+            tensors = ", ".join(t for t, _, _ in parts)
+            raise TierFileError(tensors, final, f"could not be written ({err.strerror or err})"
+                                ) from err
         self.bytes_written += sum(n for _, _, n in parts)
         self.write_seconds += time.perf_counter() - t0
 
@@ -207,8 +218,11 @@ def _crc_update(crcs: list[int], parts: list[tuple[str, int, int]], data: np.nda
             crcs[i] = zlib.crc32(data[a:b], crcs[i])
 
 
-def check_writable(folder: Path, need_bytes: int) -> str | None:
-    """Why the disk tier cannot live in `folder` with `need_bytes`, or None when it can."""
+def check_writable(folder: Path, need_bytes: int, spare_bytes: int = 0) -> str | None:
+    """Why the disk tier cannot live in `folder` with `need_bytes` of files, or None when it
+    can. A file is rewritten as a new file before the old one goes, so `spare_bytes` (the
+    largest file) must be free besides; tier files already there will be replaced, so their
+    bytes count as free."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-probe"
@@ -217,8 +231,8 @@ def check_writable(folder: Path, need_bytes: int) -> str | None:
     except OSError as err:
         return f"{folder} is not writable ({err.strerror or err})"
     free = os.statvfs(folder)
-    avail = free.f_bavail * free.f_frsize
-    # Each file is rewritten as a new file before the old one goes: keep one spare state.
-    if avail < need_bytes:
-        return f"{folder} has {avail} bytes free; the disk tier needs {need_bytes}"
+    avail = free.f_bavail * free.f_frsize + sum(p.stat().st_size for p in folder.glob("*.bin"))
+    if avail < need_bytes + spare_bytes:
+        return (f"{folder} has {avail} bytes free; the disk tier needs {need_bytes + spare_bytes}"
+                f" ({need_bytes} of state and a spare {spare_bytes} for rewriting a file)")
     return None

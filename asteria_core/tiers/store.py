@@ -85,6 +85,7 @@ class TierStore:
         self._errors: list[BaseException] = []
         self._reads: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
+        self.validate(policy.current)  # a disk tier that cannot fit fails now, not at step 11
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"tier-{n}")
                          for n, q in (("reader", self._reads), ("writer", self._writes))]
@@ -103,7 +104,8 @@ class TierStore:
         """LivePolicy validator: the placement must be possible, and its disk dir usable."""
         proposed = plan(self.entries, policy)  # raises PolicyError naming the budget
         if proposed.slots:
-            why = check_writable(self.disk_folder(policy), proposed.used(self.entries, "disk"))
+            why = check_writable(self.disk_folder(policy), proposed.used(self.entries, "disk"),
+                                 proposed.slot_bytes)
             if why is not None:
                 raise PolicyError("disk_dir", why)
 

@@ -74,6 +74,13 @@ def _numpy_rng_types() -> list:
     return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
+def remove_leftovers(folder: Path) -> None:
+    """Temporary files of checkpoint writes a crash cut short (`save_atomic` removes its own
+    when a write fails)."""
+    for left in folder.glob(f".{CHECKPOINT_NAME}.*.tmp"):
+        left.unlink(missing_ok=True)
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint without running any code it may hold: weights_only unpickling, which
     takes tensors and plain containers only, and refuses any other object (a crafted file

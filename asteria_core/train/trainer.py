@@ -97,6 +97,7 @@ class Trainer:
                                   config.train.seed)
         self.eval_batches = fixed_eval_batches(val_tokens, config.model.block_size,
                                                config.data.batch_size, config.train.eval_batches)
+        ckpt.remove_leftovers(self.run_dir)
         records = self.run_dir / "steps.jsonl"
         if resume is not None:
             _keep_records_until(records, int(resume["step"]))
