@@ -68,7 +68,8 @@ def main() -> None:
     cli.add_argument("--slow-rank", type=int, default=-1)
     cli.add_argument("--slow-seconds", type=float, default=0.0)
     cli.add_argument("--optimizer", default="soap")
-    cli.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on PORT + rank")
+    cli.add_argument("--metrics-port", type=int, default=-1,
+                     help="serve /metrics on PORT + rank (0: any free port; -1: none)")
     cli.add_argument("--every-rank-refreshes", action="store_true",
                      help="no owner ranks: each rank refreshes every block (a reference)")
     cli.add_argument("--coherence", type=float, default=0.0,
@@ -111,7 +112,7 @@ def main() -> None:
     records = []
     runtime.add_listener(records.append)
     metrics_port = None
-    if args.metrics_port and world > 1:
+    if args.metrics_port >= 0 and world > 1:
         metrics_port = serve_rank_metrics(runtime.telemetry, rank, base_port=args.metrics_port,
                                           targets_dir=Path(args.out) / "targets")
     share = GLOBAL_BATCH // world
@@ -155,7 +156,7 @@ def main() -> None:
                        "staleness_max": r.refresh.staleness_max,
                        "staleness_bound": r.refresh.staleness_bound,
                        "failures": r.refresh.failures})} for r in records],
-        "run_id": runtime.run_id, "metrics": scraped,
+        "run_id": runtime.run_id, "metrics": scraped, "metrics_port": metrics_port,
         "distributed": None if records[-1].distributed is None else
         dataclasses.asdict(records[-1].distributed),
         "policy_change_effective_step": change, "policy_change_refused": refused,
