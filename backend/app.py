@@ -8,7 +8,7 @@ a user's runtime (`create_app(settings, attach=runtime)`, what `backend.serve` d
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response, status
@@ -17,12 +17,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asteria_core.policy import PolicyError
 from asteria_core.runtime import Runtime
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
-from backend.auth import load_or_create_token
+from backend.auth import load_or_create_token, token_matches
+from backend.deps import require_token
 from backend.events import Broadcaster
 from backend.fastlane import LiveReadFastLane
 from backend.routes import data, policy, runs
@@ -42,13 +44,52 @@ def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
 
 
+API_MODULES = (runs, policy, data)
+
+
+def _routes(app: FastAPI) -> list[BaseRoute]:
+    """Every route: the app's own (docs) and those of the API's routers, which include_router
+    wraps so that they show no path or methods of their own."""
+    return [*app.router.routes, *(r for m in API_MODULES for r in m.router.routes)]
+
+
 def _allowed_methods(app: FastAPI, scope: dict) -> list[str]:
     """Every method any route serves at this path (Starlette lists only the first route's)."""
     methods: set[str] = set()
-    for route in app.router.routes:
+    for route in _routes(app):
         if route.matches(scope)[0] != Match.NONE:
             methods.update(getattr(route, "methods", None) or ())
     return sorted(methods)
+
+
+def _needs_token(route: BaseRoute) -> bool:
+    def calls(dependant) -> bool:
+        return any(d.call is require_token or calls(d) for d in dependant.dependencies)
+
+    dependant = getattr(route, "dependant", None)
+    return dependant is not None and calls(dependant)
+
+
+class TokenFirst:
+    """A request to a route that needs the token is answered 401 before anything reads its
+    body: FastAPI parses and validates a body before it runs the route's dependencies, which
+    would tell anyone without the token what the API accepts (and make it parse their bytes)."""
+
+    def __init__(self, app: ASGIApp, routes: Callable[[], list[BaseRoute]]) -> None:
+        self.app, self._routes, self._guarded = app, routes, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+            if self._guarded is None:
+                self._guarded = [r for r in self._routes() if _needs_token(r)]
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if any(r.matches(scope)[0] == Match.FULL for r in self._guarded) and \
+                    not token_matches(header, scope["app"].state.token):
+                response = JSONResponse({"detail": "missing or wrong bearer token"}, 401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -134,11 +175,12 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
                    422: {"description": "invalid input; the message names the field"}},
     )
     app.add_middleware(LiveReadFastLane)  # added first: CORS, when on, wraps it too
+    app.add_middleware(TokenFirst, routes=lambda: _routes(app))
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "PATCH"],
                            allow_headers=["Authorization", "Content-Type"])
     _install_error_handlers(app)
-    for module in (runs, policy, data):
+    for module in API_MODULES:
         app.include_router(module.router)
     return app

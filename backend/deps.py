@@ -20,6 +20,11 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def has_token(request: Request) -> bool:
+    """Whether a read carries the token: it then sees every field (backend/public.py)."""
+    return token_matches(request.headers.get("authorization"), request.app.state.token)
+
+
 async def require_token(request: Request) -> str:
     """401 unless the bearer token matches; returns a client label for the audit log."""
     if not token_matches(request.headers.get("authorization"), request.app.state.token):
@@ -33,3 +38,5 @@ async def require_token(request: Request) -> str:
 Manager = Annotated[RunManager, Depends(get_manager)]
 Client = Annotated[str, Depends(require_token)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+Reader = Annotated[bool, Depends(has_token)]
+"""True for a read with the token; False for an anonymous one (paths and clients hidden)."""

@@ -16,6 +16,8 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from backend.auth import token_matches
+
 # Kept equal to the /steps route's Query(...) bounds (backend/routes/data.py).
 SINCE_MAX = 2**53
 LIMIT_MAX = 10_000
@@ -46,7 +48,9 @@ class LiveReadFastLane:
         prefix = f"/runs/{active.run_id}"
         path = scope["path"]
         if path == prefix and not scope["query_string"]:
-            return manager.live_run_json(active.run_id)
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            anonymous = not token_matches(header, scope["app"].state.token)
+            return manager.live_run_json(active.run_id, anonymous=anonymous)
         if path == prefix + "/steps":
             query = _steps_query(scope["query_string"])
             if query is not None:

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from backend import public
 from backend.schemas import RunPublic
 
 RUN_FIELDS = tuple(RunPublic.model_fields)
@@ -24,7 +25,7 @@ class LiveView:
     def __init__(self, row: dict[str, Any], *, window: int = 10_000) -> None:
         self.run_id: str = row["id"]
         self._row = RunPublic.model_validate(row).model_dump()  # the shape, checked once
-        self._row_json: bytes | None = None
+        self._row_json: dict[bool, bytes] = {}
         self._steps: list[int] = []
         self._records: list[str] = []
         self._window = window
@@ -37,17 +38,19 @@ class LiveView:
             raise KeyError(f"not run fields: {sorted(unknown)}")
         with self._lock:
             self._row.update(fields, updated_at=time.time())
-            self._row_json = None
+            self._row_json = {}
 
     def row(self) -> dict[str, Any]:
         with self._lock:
             return dict(self._row)
 
-    def row_json(self) -> bytes:
+    def row_json(self, anonymous: bool = False) -> bytes:
+        """The row as JSON, in full or as an anonymous reader sees it (backend/public.py)."""
         with self._lock:
-            if self._row_json is None:
-                self._row_json = json.dumps(self._row).encode()
-            return self._row_json
+            if anonymous not in self._row_json:
+                row = public.run(self._row) if anonymous else self._row
+                self._row_json[anonymous] = json.dumps(row).encode()
+            return self._row_json[anonymous]
 
     # ------------------------------------------------------------------ step records
     def add_step(self, step: int, record_json: str) -> None:
@@ -58,7 +61,7 @@ class LiveView:
             if len(self._steps) > 2 * self._window:  # trim in chunks: amortized O(1)
                 del self._steps[:-self._window], self._records[:-self._window]
             self._row.update(step=step, updated_at=time.time())
-            self._row_json = None
+            self._row_json = {}
 
     def steps_json(self, since: int, limit: int) -> bytes | None:
         """A `StepPage` of the records after `since`, or None when the window does not reach

@@ -28,6 +28,7 @@ from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.trainer import Trainer
+from backend import public
 from backend.events import Broadcaster, Event
 from backend.live import LiveView
 from backend.store import RunStore
@@ -98,10 +99,11 @@ class RunManager:
             return active.live
         return None
 
-    def live_run_json(self, run_id: str) -> bytes | None:
-        """The active run's `RunPublic` as JSON, or None if `run_id` is not the active run."""
+    def live_run_json(self, run_id: str, anonymous: bool = False) -> bytes | None:
+        """The active run's `RunPublic` as JSON (as an anonymous reader sees it, if asked), or
+        None if `run_id` is not the active run."""
         live = self._live(run_id)
-        return live.row_json() if live is not None else None
+        return live.row_json(anonymous) if live is not None else None
 
     def live_steps_json(self, run_id: str, since: int, limit: int) -> bytes | None:
         """A `StepPage` from memory, or None when the store must answer."""
@@ -301,8 +303,8 @@ class RunManager:
             self.store.set_status(active.run_id, status, error=error)
             with self._lock:
                 self._active = None
-            self.events.publish(Event("status", active.run_id, {"status": status,
-                                                                "error": error}))
+            self.events.publish(Event("status", active.run_id, {  # SSE is public
+                "status": status, "error": error.split(":", 1)[0] if error else None}))
 
     def _bind(self, active: ActiveRun, runtime: Runtime) -> None:
         """Follow the runtime: records to the store and live clients, commands between steps."""
@@ -319,7 +321,7 @@ class RunManager:
         self.store.add_policy_change(active.run_id, data)
         self.store.set_policy(active.run_id, active.policy.current.to_dict(), change.version)
         active.live.update(policy_version=change.version)
-        self.events.publish(Event("policy", active.run_id, data))
+        self.events.publish(Event("policy", active.run_id, public.change(data)))  # SSE is public
 
     def _on_record(self, active: ActiveRun, record: StepRecord) -> None:
         text = json.dumps(record.to_dict())  # once, for the store, the live view and SSE

@@ -18,6 +18,11 @@ from backend.config_schema import run_config_model
 RunStatus = Literal["running", "paused", "finished", "stopped", "failed", "interrupted"]
 CROSS_FIELD_RULES = ("swap_delay <= staleness_bound unless swap_delay is \"auto\"; "
                      "workers >= 1 when swap_mode is opportunistic")
+NO_WORKERLESS_OPPORTUNISM = {
+    "required": ["swap_mode", "workers"],
+    "properties": {"swap_mode": {"const": "opportunistic"}, "workers": {"const": 0}}}
+"""The cross-field rule JSON Schema can state (as `not`), for a body naming both fields; the
+other (swap_delay <= staleness_bound) compares two values, which it cannot."""
 
 
 def _policy_type(field: PolicyField) -> Any:
@@ -58,10 +63,10 @@ def policy_update_model(fields: Iterable[PolicyField] | None = None, *,
     if patch:
         about = ("A partial policy: only the fields to change (at least one). The change is "
                  "validated whole against the policy it applies to: " + CROSS_FIELD_RULES + ".")
-        extra = {"minProperties": 1}
+        extra = {"minProperties": 1, "not": NO_WORKERLESS_OPPORTUNISM}
     else:
         about = "Initial policy fields; omitted fields take their defaults."
-        extra = {}
+        extra = {"not": NO_WORKERLESS_OPPORTUNISM}
     config = ConfigDict(extra="forbid", json_schema_extra=extra)
     return create_model(name, __config__=config, __doc__=about, **model_fields)
 

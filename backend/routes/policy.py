@@ -6,18 +6,20 @@ import dataclasses
 
 from fastapi import APIRouter, HTTPException, status
 
-from backend import paths
-from backend.deps import Client, Manager, SettingsDep
+from backend import paths, public
+from backend.deps import Client, Manager, Reader, SettingsDep
 from backend.schemas import PolicyAccepted, PolicyChangePublic, PolicyPublic, PolicyUpdate
 
 router = APIRouter(prefix="/runs/{run_id}/policy", tags=["policy"])
 
 
 @router.get("", responses={404: {"description": "no such run"}})
-def get_policy(run_id: str, manager: Manager) -> PolicyPublic:
+def get_policy(run_id: str, manager: Manager, reader: Reader) -> PolicyPublic:
     policy, version, pending = manager.policy(run_id)
-    return PolicyPublic(version=version, policy=policy,
-                        pending=[_public(dataclasses.asdict(c)) for c in pending])
+    changes = [dataclasses.asdict(c) for c in pending]
+    if not reader:  # paths and who asked are for token holders (public.py)
+        policy, changes = public.policy(policy), [public.change(c) for c in changes]
+    return PolicyPublic(version=version, policy=policy, pending=[_public(c) for c in changes])
 
 
 @router.patch("", responses={404: {"description": "no such run"},
@@ -30,6 +32,7 @@ def patch_policy(run_id: str, body: PolicyUpdate, manager: Manager,
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             [{"loc": ["body"], "msg": "no fields to change",
                               "type": "value_error"}])
+    manager.get(run_id)  # 404 first
     paths.check_policy(changes, settings)  # before the tier store's check creates the folder
     change = manager.propose_policy(run_id, changes, client)  # PolicyError -> 422
     return PolicyAccepted(version=change.version, effective_step=change.effective_step,
@@ -37,9 +40,12 @@ def patch_policy(run_id: str, body: PolicyUpdate, manager: Manager,
 
 
 @router.get("/history", responses={404: {"description": "no such run"}})
-def policy_history(run_id: str, manager: Manager) -> list[PolicyChangePublic]:
+def policy_history(run_id: str, manager: Manager, reader: Reader) -> list[PolicyChangePublic]:
+    """Every change, including one acknowledged but not yet in force (applied_at null); the
+    client that asked is shown to token holders only."""
     manager.get(run_id)
-    return [_public(row) for row in manager.store.policy_changes(run_id)]
+    rows = manager.store.policy_changes(run_id)
+    return [_public(row if reader else public.change(row)) for row in rows]
 
 
 def _public(change: dict) -> PolicyChangePublic:

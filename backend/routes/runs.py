@@ -8,8 +8,8 @@ from fastapi import APIRouter, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from asteria_core.train.config_io import config_from_dict
-from backend import paths
-from backend.deps import Client, Manager, SettingsDep
+from backend import paths, public
+from backend.deps import Client, Manager, Reader, SettingsDep
 from backend.schemas import CommandAccepted, RunCreate, RunPublic
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -36,18 +36,21 @@ def create_run(body: RunCreate, manager: Manager, _client: Client,
 
 
 @router.get("")
-def list_runs(manager: Manager) -> list[RunPublic]:
-    return [RunPublic.model_validate(row) for row in manager.store.list_runs()]
+def list_runs(manager: Manager, reader: Reader) -> list[RunPublic]:
+    """Every run, newest first; without the token, paths and errors shortened (public.py)."""
+    return [RunPublic.model_validate(row if reader else public.run(row))
+            for row in manager.store.list_runs()]
 
 
 @router.get("/{run_id}", response_model=RunPublic,
             responses={404: {"description": "no such run"}})
-async def get_run(run_id: str, manager: Manager) -> Response:
+async def get_run(run_id: str, manager: Manager, reader: Reader) -> Response:
     """The active run from memory (polled often), any other from the store."""
-    body = manager.live_run_json(run_id)
+    body = manager.live_run_json(run_id, anonymous=not reader)
     if body is not None:
         return Response(body, media_type="application/json")
-    return RunPublic.model_validate(await run_in_threadpool(manager.get, run_id))
+    row = await run_in_threadpool(manager.get, run_id)
+    return RunPublic.model_validate(row if reader else public.run(row))
 
 
 def _command_route(command: str) -> None:

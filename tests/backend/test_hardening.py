@@ -4,10 +4,12 @@ run what it should not. A real control plane over HTTP, a real SQLite store."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 import torch
 
@@ -181,3 +183,65 @@ def test_a_corpus_may_be_named_only_inside_a_folder_the_operator_lists(server_fa
         assert r.status_code == 201, r.text
         run_id = r.json()["id"]
         wait_for(lambda: c.get(f"/runs/{run_id}").json()["status"] == "finished")
+
+
+# ---------------------------------------------------------------------- 9. what the fuzzer found
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("DELETE", "/runs", "GET, POST"),
+    ("PUT", "/runs/some-run/policy", "GET, PATCH"),
+    ("GET", "/runs/some-run/stop", "POST"),
+    ("POST", "/healthz", "GET"),
+])
+def test_a_405_names_the_methods_the_path_serves(server, method, path, allow):
+    r = httpx.request(method, server.url + path)
+    assert r.status_code == 405 and r.headers["allow"] == allow
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/runs", b"{not json"),
+    ("POST", "/runs", b"\xff\xfe{"),
+    ("PATCH", "/runs/some-run/policy", b'{"workers": '),
+])
+def test_without_the_token_a_malformed_body_gets_401_before_it_is_read(server, method, path,
+                                                                        body):
+    r = httpx.request(method, server.url + path, content=body,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_schema_states_the_cross_field_rule_json_schema_can(client):
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    workerless = {"swap_mode": "opportunistic", "workers": 0}
+    for name in ("PolicyUpdate", "RunPolicy"):
+        validator = jsonschema.Draft202012Validator(schemas[name])
+        assert not validator.is_valid(workerless), name
+        assert validator.is_valid({"swap_mode": "opportunistic", "workers": 1}), name
+    assert not jsonschema.Draft202012Validator(schemas["PolicyUpdate"]).is_valid({})
+
+
+def test_an_anonymous_reader_sees_no_paths_and_no_operators(server, client, run_id):
+    r = client.patch(f"/runs/{run_id}/policy", json={"staleness_bound": 4},
+                     headers={"user-agent": "operator-laptop/1.0"})
+    assert r.status_code == 200
+    [change] = wait_for(lambda: [c for c in client.get(f"/runs/{run_id}/policy/history").json()
+                                 if c["applied_at"]])
+    assert change["client"].startswith("127.0.0.1") and "operator-laptop" in change["client"]
+    data_dir = str(server.settings.data_dir.resolve())
+    assert data_dir in client.get(f"/runs/{run_id}").json()["run_dir"]  # with the token
+    reads = [f"/runs/{run_id}", "/runs", f"/runs/{run_id}/policy",
+             f"/runs/{run_id}/policy/history", f"/runs/{run_id}/steps", "/metrics", "/healthz"]
+
+    def anonymous() -> dict[str, str]:
+        with httpx.Client(base_url=server.url) as anon:
+            return {path: anon.get(path).text for path in reads}
+
+    for stage in ("active", "stopped"):  # served from memory, then from the store
+        bodies = anonymous()
+        for path, body in bodies.items():
+            assert data_dir not in body and "operator-laptop" not in body, (stage, path)
+        run = json.loads(bodies[f"/runs/{run_id}"])
+        assert run["run_dir"] == f"runs/{run_id}" and run["config"]["train"]["out_dir"] == "runs"
+        [seen] = json.loads(bodies[f"/runs/{run_id}/policy/history"])
+        assert seen["client"] == "operator" and seen["diff"] == {"staleness_bound": [10, 4]}
+        client.post(f"/runs/{run_id}/stop")
+        wait_for(lambda: client.get(f"/runs/{run_id}").json()["status"] == "stopped")

@@ -1,0 +1,46 @@
+"""What an anonymous reader (a GET without the token) sees: everything about training, nothing
+about the machine's files or the people who steer it.
+
+Runs, step records, policies, their history and /metrics are public, so a dashboard or a
+scraper needs no secret. Hidden from them: file system paths (a run's folder is shown as
+`runs/<id>`, a path in a config or policy by its last component), a failed run's error beyond
+its kind (messages may name files), and who changed a policy (the audit's client, an IP address
+and user agent, reads `operator`). A GET that carries the token sees every field.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Any
+
+PATH_KEYS = (("data", "corpus"), ("train", "resume"), ("train", "out_dir"),
+             ("policy", "disk_dir"), ("telemetry", "rapl_root"))
+CLIENT = "operator"
+
+
+def _name(value: Any) -> Any:
+    return PurePath(value).name if isinstance(value, str) and value else value
+
+
+def policy(values: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not values or "disk_dir" not in values:
+        return values
+    return {**values, "disk_dir": _name(values["disk_dir"])}
+
+
+def run(row: dict[str, Any]) -> dict[str, Any]:
+    config = {section: dict(values) for section, values in row["config"].items()}
+    for section, key in PATH_KEYS:
+        if key in config.get(section, {}):
+            config[section][key] = _name(config[section][key])
+    error = row.get("error")
+    return {**row, "run_dir": f"runs/{row['id']}", "config": config,
+            "policy": policy(row.get("policy")),
+            "error": error.split(":", 1)[0] if error else error}
+
+
+def change(values: dict[str, Any]) -> dict[str, Any]:
+    diff = values["diff"]
+    if "disk_dir" in diff:
+        diff = {**diff, "disk_dir": [_name(v) for v in diff["disk_dir"]]}
+    return {**values, "client": CLIENT, "diff": diff}
