@@ -359,8 +359,9 @@ class ProcessWorkers:
                     del self._jobs[job_id]
                     proc.proc.kill()
                     proc.proc.join(5)
-                    index = self._procs.index(proc)
-                    self._procs[index] = self._new_process(index)
+                    if not self._stopped():  # a retired pool only winds down
+                        index = self._procs.index(proc)
+                        self._procs[index] = self._new_process(index)
                     self._idle.notify_all()
 
     def retire(self) -> None:
