@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from tests.integrations.conftest import load_example, require
+from tests.integrations.conftest import check_records, load_example, require
 
 transformers = require("transformers", "hf")
 require("accelerate", "hf")
@@ -57,27 +57,11 @@ def test_trainer_reports_one_record_per_step_with_refresh_and_idle_figures(tmp_p
     trainer.add_callback(propose)
     trainer.train()
 
-    assert [r.step for r in records] == list(range(1, 13))  # one per optimizer step
+    check_records(records, runtime, propose.change, bound=BOUND)
     logs = step_logs(trainer)
-    for r in records:
-        assert math.isfinite(r.loss) and same_loss(r.loss, logs[r.step]["loss"])
-        assert r.tokens == 4 * 64
-        assert set(r.timing.idle_seconds) == set(IDLE_CAUSES)
-        assert all(s >= 0 for s in r.timing.idle_seconds.values())
-        assert {"forward", "backward", "optimizer", "boundary"} <= set(r.phase_seconds)
-        assert 0 <= r.refresh.staleness_max <= r.refresh.staleness_bound <= BOUND + 1
-        assert r.refresh.failures == 0 and r.refresh.inline_fallbacks == 0
-        assert r.energy is not None and r.energy.joules["model"] >= 0
-    assert max(r.refresh.staleness_max for r in records) > 0  # bases lag: refreshed off-path
-    assert [r.step for r in records if r.eval_loss is not None] == [6, 12]
-    assert all(math.isfinite(r.eval_loss) for r in records if r.eval_loss is not None)
-
-    # The change proposed after step 4 takes effect at step 6, as it said it would.
-    change = propose.change
-    assert change.effective_step == 6
-    assert [h.effective_step for h in runtime.policy.history()] == [6]
-    assert [r.policy_version for r in records] == \
-        [1] * (change.effective_step - 1) + [change.version] * (13 - change.effective_step)
+    assert all(same_loss(r.loss, logs[r.step]["loss"]) for r in records)
+    assert all({"forward", "backward", "optimizer", "boundary"} <= set(r.phase_seconds)
+               for r in records)
     assert runtime.policy.current.staleness_bound == BOUND + 1
 
     # Asteria's figures are in HF's logs (what its loggers get); energy from step 2 on.
