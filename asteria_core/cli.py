@@ -3,9 +3,11 @@
     python -m asteria_core.cli train --config run.toml --optim.lr 3e-3 --train.steps 200
     python -m asteria_core.cli config --config run.toml      # the resolved config as TOML
     python -m asteria_core.cli train --metrics-port 9400     # also serve Prometheus /metrics
+    python -m asteria_core.cli keys optim                    # every key: type, range, help
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
-key or a bad value stops the command before anything is built, naming the key.
+key or a bad value stops the command before anything is built, naming the key. Options are
+matched whole: a mistyped one is an error, never taken for the option it abbreviates.
 
 The `asteria` command (`backend.cli`) adds `serve` and `start`, which run the control plane and
 the dashboard; this module imports nothing from them, so the core runs without the web stack.
@@ -14,20 +16,29 @@ the dashboard; this module imports nothing from them, so the core runs without t
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
+import re
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from asteria_core.train.config import ConfigError, RunConfig
+from asteria_core.train.config_docs import describe_keys, section_summary
 from asteria_core.train.config_io import (
     build_config,
     config_to_dict,
     parse_overrides,
     read_config_file,
+    sections,
 )
+
+
+class UnknownOption(ConfigError):
+    """A command-line option that is neither the command's nor a config override."""
 
 
 def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
@@ -35,6 +46,8 @@ def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
     i = 0
     while i < len(rest):
         arg = rest[i]
+        if arg.startswith("-") and "." not in arg.split("=", 1)[0]:
+            raise UnknownOption(arg.split("=", 1)[0])
         if not arg.startswith("--") or "." not in arg:
             raise ConfigError(f"unexpected argument {arg!r}; overrides look like "
                               "--section.key value (for example --optim.lr 3e-3)")
@@ -59,20 +72,22 @@ def resolve_config(config_path: str | None, rest: list[str],
     return build_config(*layers)
 
 
-def to_toml(config: RunConfig) -> str:
-    def fmt(value: object) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, str):
-            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(value, list):
-            return "[" + ", ".join(fmt(v) for v in value) + "]"
-        return repr(value)
+def toml_value(value: object) -> str:
+    """A config value as a TOML file writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
 
+
+def to_toml(config: RunConfig) -> str:
     lines = []
     for section, values in config_to_dict(config).items():
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {fmt(value)}" for key, value in values.items())
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items())
         lines.append("")
     return "\n".join(lines)
 
@@ -164,17 +179,69 @@ def _cmd_config(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keys(config: RunConfig, args: argparse.Namespace) -> int:
+    known = sections()
+    for name in args.sections:
+        if name not in known:
+            print(f"asteria: keys: unknown section {name!r}; allowed: {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
+    keys = describe_keys()
+    for section in args.sections or known:
+        print(f"[{section}]  {section_summary(known[section])}")
+        for doc in (k for k in keys if k.key.startswith(section + ".")):
+            allowed = doc.allowed if doc.allowed.startswith(doc.type) else \
+                f"{doc.type}; allowed: {doc.allowed}"
+            print(f"  {doc.key}  {allowed}; default {toml_value(doc.default)}")
+            print(textwrap.fill(doc.help, 100, initial_indent=" " * 6, subsequent_indent=" " * 6))
+        print()
+    return 0
+
+
 Command = Callable[[RunConfig, argparse.Namespace], int]
 
 # name: (help, handler), in the order `asteria --help` lists them.
 COMMANDS: dict[str, tuple[str, Command]] = {
     "train": ("train a GPT from a config file and overrides", _cmd_train),
     "config": ("print the resolved config as TOML", _cmd_config),
+    "keys": ("print every config key: its type, allowed values, default and help", _cmd_keys),
 }
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that resolves a run config (train, config, start)."""
+def overrides_help(base: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The epilog of a command that takes config overrides: how to write one, the sections,
+    where every key is listed, and the command's own defaults (`base`) if it has any."""
+    names = sections()
+    width = max(map(len, names))
+    lines = ["config overrides:",
+             "  --SECTION.KEY VALUE (or --SECTION.KEY=VALUE) sets any config key, over the file",
+             "  of --config; for example --optim.name soap --optim.lr 3e-3 --train.steps 2000.",
+             "  sections:",
+             *(f"    {name:<{width}}  {section_summary(cls)}" for name, cls in names.items()),
+             "  `asteria keys` prints every key with its type, allowed values, default and help",
+             "  (`asteria keys optim` prints one section)."]
+    if base:
+        flags = " ".join(f"--{section}.{key} {value}" for section, values in base.items()
+                         for key, value in values.items())
+        lines += ["", "this command's defaults, where they differ from `asteria train`'s:",
+                  *textwrap.wrap(flags, 96, initial_indent="  ", subsequent_indent="  ")]
+    return "\n".join(lines)
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand whose options are matched whole (argparse would take `--no-progres` for
+    `--no-progress`; here it is an error, and so is anything else that is not an override)."""
+    parser = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(parser=parser)  # `run` names a mistyped option with its usage
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser,
+                      base: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """The options of every command that resolves a run config (train, config, start), and the
+    help on overrides."""
+    parser.epilog = overrides_help(base)
     parser.add_argument("--config", help="a TOML or YAML config file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
@@ -188,7 +255,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def new_parser(description: str | None) -> tuple[argparse.ArgumentParser, Any]:
     """The `asteria` parser and its (required) subcommand set, for the core's and other
     commands."""
-    parser = argparse.ArgumentParser(prog="asteria", description=description,
+    parser = argparse.ArgumentParser(prog="asteria", description=description, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser, parser.add_subparsers(dest="command", required=True)
 
@@ -196,7 +263,12 @@ def new_parser(description: str | None) -> tuple[argparse.ArgumentParser, Any]:
 def add_commands(sub: Any) -> None:
     """Add the core's commands (`COMMANDS`) to a subcommand set from `new_parser`."""
     for name, (help_text, _) in COMMANDS.items():
-        add_run_arguments(sub.add_parser(name, help=help_text))
+        parser = add_parser(sub, name, help_text)
+        if name == "keys":
+            parser.add_argument("sections", nargs="*", metavar="SECTION",
+                                help="only these sections (default: all)")
+        else:
+            add_run_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,7 +290,14 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None,
         if getattr(args, flag, None) is not None:
             rest += [f"--{key}", str(getattr(args, flag))]
     try:
-        config = resolve_config(args.config, rest, (bases or {}).get(args.command))
+        config = resolve_config(getattr(args, "config", None), rest,
+                                (bases or {}).get(args.command))
+    except UnknownOption as err:
+        options = re.findall(r"--[\w-]+", args.parser.format_usage())
+        close = difflib.get_close_matches(str(err), options, n=1)
+        args.parser.error(f"unknown option {str(err)!r}" +
+                          (f"; did you mean {close[0]}?" if close else "") +
+                          " (config overrides are --section.key value)")
     except ConfigError as err:
         print(f"asteria: config error: {err}", file=sys.stderr)
         return 2

@@ -34,10 +34,13 @@ def int_in(key: str, value: int, lo: int, hi: int) -> None:
     check(is_int(value) and lo <= value <= hi, key, value, f"an integer in [{lo}, {hi}]")
 
 
-def finite_in(key: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> None:
+def finite_in(key: str, value: float, lo: float, hi: float, *, lo_open: bool = False,
+              hi_open: bool = False) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
-    check(ok, key, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+    above = ok and (lo < value if lo_open else lo <= value)
+    below = ok and (value < hi if hi_open else value <= hi)
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    check(above and below, key, value, f"a number in {left}{lo}, {hi}{right}")
 
 
 def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:

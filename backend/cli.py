@@ -3,6 +3,7 @@
     asteria start                         # the product on the embedded default corpus
     asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
     asteria config --config run.toml      # print the resolved config as TOML
+    asteria keys optim                    # every key of a section: type, range, default, help
     asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
     asteria serve --port 8000             # the control plane, with a default run
 
@@ -66,10 +67,13 @@ COMMANDS: dict[str, core.Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser, sub = core.new_parser(__doc__)
-    core.add_run_arguments(sub.add_parser("start", help="start the product on the embedded "
-                                                        "default corpus"))
+    start = core.add_parser(sub, "start", "start the product on the embedded default corpus: "
+                                          "the control plane training the default run, and the "
+                                          "dashboard")
+    core.add_run_arguments(start, base=SERVED_RUN)
     core.add_commands(sub)
-    serve = sub.add_parser("serve", help="start the control plane (and a default run)")
+    serve = core.add_parser(sub, "serve", "start the control plane (and a default run)")
+    serve.epilog = core.overrides_help(SERVED_RUN)
     serve.add_argument("--config", help="config of the default run (TOML or YAML)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1, or ASTERIA_HOST)")
     serve.add_argument("--port", type=int, help="port (default 8000, or ASTERIA_PORT)")

@@ -2,17 +2,15 @@
 
 Sections are the fields of `RunConfig` (as `config_from_dict` reads them); each key's type and
 default come from its dataclass, its description from the attribute docstring written under it
-(read from the source with `ast`). The models give the OpenAPI document every key and strict
-JSON types; the values themselves are still validated by `config_from_dict` (ConfigError ->
-422 naming the key), which also refuses unknown keys, listing the allowed ones.
+(`attribute_docs`, which `asteria keys` prints too). The models give the OpenAPI document every
+key and strict JSON types; the values themselves are still validated by `config_from_dict`
+(ConfigError -> 422 naming the key), which also refuses unknown keys, listing the allowed ones.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
-import textwrap
 import types
 import typing
 from typing import Annotated, Any
@@ -22,23 +20,11 @@ from pydantic import create_model as pydantic_create_model
 
 from asteria_core.policy import Policy
 from asteria_core.train.config import RunConfig
+from asteria_core.train.config_docs import attribute_docs
 
 _STRICT = {bool: StrictBool, int: StrictInt, float: Annotated[float, Strict()], str: StrictStr}
 """JSON types as the config loader takes them: no "5" for 5, no true for 1; an integer is a
 number (strict floats accept ints)."""
-
-
-def attribute_docs(cls: type) -> dict[str, str]:
-    """{field: docstring} from the string literal written right after each field of `cls`."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
-    docs = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs[node.target.id] = inspect.cleandoc(after.value.value)
-    return docs
 
 
 def json_type(tp: Any) -> Any:

@@ -19,7 +19,8 @@ from asteria_core.policy import PolicyError
 from asteria_core.train.config import ConfigError, RunConfig
 
 
-def _sections() -> dict[str, type]:
+def sections() -> dict[str, type]:
+    """{section name: its config class}, in the order of `RunConfig`."""
     hints = typing.get_type_hints(RunConfig)
     return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)}
 
@@ -33,17 +34,17 @@ def _is_union(tp: Any) -> bool:
     return isinstance(tp, types.UnionType)
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     if _is_union(tp):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is tuple:
-        return "a list of " + ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return "a list of " + ", ".join(type_name(a) for a in typing.get_args(tp))
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check a value read from a file (already typed by TOML/YAML) against a field type."""
-    bad = ConfigError(f"{key}: got {value!r} ({type(value).__name__}); allowed: {_type_name(tp)}")
+    bad = ConfigError(f"{key}: got {value!r} ({type(value).__name__}); allowed: {type_name(tp)}")
     if _is_union(tp):  # the first member type that takes the value
         for member in typing.get_args(tp):
             try:
@@ -88,7 +89,7 @@ def _parse_text(key: str, text: str, tp: Any) -> Any:
         args = typing.get_args(tp)
         parts = [p.strip() for p in text.split(",")]
         if len(parts) != len(args):
-            raise ConfigError(f"{key}: got {text!r}; allowed: {_type_name(tp)} (comma-separated)")
+            raise ConfigError(f"{key}: got {text!r}; allowed: {type_name(tp)} (comma-separated)")
         pairs = enumerate(zip(parts, args, strict=True))
         return tuple(_parse_text(f"{key}[{i}]", p, a) for i, (p, a) in pairs)
     if tp is str:
@@ -106,16 +107,16 @@ def _parse_text(key: str, text: str, tp: Any) -> Any:
             return float(text)
     except ValueError:
         pass
-    raise ConfigError(f"{key}: got {text!r}; allowed: {_type_name(tp)}")
+    raise ConfigError(f"{key}: got {text!r}; allowed: {type_name(tp)}")
 
 
 def _split_key(key: str) -> tuple[str, str, Any]:
-    sections = _sections()
+    known = sections()
     section, _, name = key.partition(".")
-    if section not in sections:
+    if section not in known:
         raise ConfigError(f"unknown config section {section!r} in {key!r}; allowed: "
-                          + ", ".join(sections))
-    fields = _field_types(sections[section])
+                          + ", ".join(known))
+    fields = _field_types(known[section])
     if name not in fields:
         raise ConfigError(f"unknown config key {key!r}; allowed in [{section}]: "
                           + ", ".join(fields))
@@ -165,7 +166,7 @@ def build_config(*layers: dict[str, dict[str, Any]]) -> RunConfig:
         for section, values in layer.items():
             merged.setdefault(section, {}).update(values)
     built = {}
-    for name, cls in _sections().items():
+    for name, cls in sections().items():
         try:
             built[name] = cls(**merged.get(name, {}))
         except PolicyError as err:  # policy fields name themselves without the section

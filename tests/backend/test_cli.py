@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import tomllib
 
 import backend.launch
 from asteria_core import cli as core
+from asteria_core.train.config_docs import describe_keys
 from backend import cli
 
 
@@ -25,9 +27,9 @@ def test_help_lists_every_command_in_order(capsys):
         cli.main(["--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: asteria [-h] {start,train,config,serve} ...")
+    assert out.startswith("usage: asteria [-h] {start,train,config,keys,serve} ...")
     assert "asteria serve --port 8000" in out
-    assert set(cli.COMMANDS) == {"start", "train", "config", "serve"}
+    assert set(cli.COMMANDS) == {"start", "train", "config", "keys", "serve"}
 
 
 @pytest.mark.parametrize("command", ["start", "serve"])
@@ -63,4 +65,64 @@ def test_the_core_module_alone_has_no_control_plane_commands():
     proc = subprocess.run([sys.executable, "-m", "asteria_core.cli", "serve"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "invalid choice: 'serve' (choose from 'train', 'config')" in proc.stderr
+    assert "invalid choice: 'serve' (choose from 'train', 'config', 'keys')" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "config", "start", "serve"])
+def test_help_says_how_overrides_work_lists_the_sections_and_names_keys(capsys, command):
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--SECTION.KEY VALUE (or --SECTION.KEY=VALUE) sets any config key" in out
+    for section in ("model", "optim", "data", "train", "policy", "telemetry"):
+        assert re.search(rf"^    {section} +\S", out, re.M), section
+    assert "`asteria keys` prints every key with its type, allowed values, default and help" \
+        in out
+    if command in ("start", "serve"):  # their default run is not train's
+        assert "--optim.name soap --optim.lr 0.01 --policy.workers 1" in out
+
+
+def test_keys_prints_each_key_with_type_range_default_and_help():
+    proc = subprocess.run([sys.executable, "-m", "backend.cli", "keys", "optim", "policy"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("[optim]  Optimizer and learning-rate schedule.")
+    assert "\n  optim.lr  a number in (0.0, 10.0]; default 0.003\n      Peak learning rate.\n" \
+        in out
+    assert '\n  optim.name  a string; allowed: adamw | soap | shampoo | kl_shampoo; default ' \
+        '"adamw"\n' in out
+    assert "\n  policy.staleness_bound  an integer in [0, 1000000]; default 10\n      S: " in out
+    assert "[model]" not in out and "[policy]" in out
+    every = subprocess.run([sys.executable, "-m", "backend.cli", "keys"], capture_output=True,
+                           text=True, timeout=120).stdout
+    assert len(re.findall(r"^  \w+\.\w+  ", every, re.M)) == len(describe_keys())
+    bad = subprocess.run([sys.executable, "-m", "backend.cli", "keys", "optimizer"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "unknown section 'optimizer'; allowed: model, optim, data" in bad.stderr
+
+
+@pytest.mark.parametrize(("typo", "meant"), [(["--no-progres"], "--no-progress"),
+                                             (["--metrics-por", "0"], "--metrics-port"),
+                                             (["--con", "run.toml"], "--config")])
+def test_a_mistyped_option_is_an_error_and_nothing_trains(tmp_path, typo, meant):
+    (tmp_path / "run.toml").write_text("[train]\nsteps = 1\n")
+    proc = subprocess.run([sys.executable, "-m", "backend.cli", "train", *typo, "--train.steps",
+                           "1", "--train.out_dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"unknown option {typo[0]!r}; did you mean {meant}?" in proc.stderr
+    assert proc.stderr.startswith("usage: asteria train")
+    assert not (tmp_path / "runs").exists(), "a mistyped option must stop before training"
+
+
+def test_overrides_still_pass_through_whole_options(capsys):
+    assert cli.main(["config", "--no-progress", "--optim.lr", "-1e-3"]) == 2  # a value, not a flag
+    assert "optim.lr: got -0.001" in capsys.readouterr().err
+    assert cli.main(["config", "--config=/nonexistent.toml"]) == 2
+    assert "--config: file '/nonexistent.toml' does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["config", "--optim.lr", "3e-3", "--no-progress-bar"])
+    assert "unknown option '--no-progress-bar'" in capsys.readouterr().err

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from asteria_core.policy import Policy, policy_fields
 from asteria_core.train.config import RunConfig
+from asteria_core.train.config_docs import attribute_docs
 from backend.app import create_app
-from backend.config_schema import attribute_docs
 from backend.schemas import PolicyUpdate, RunCreate
 from backend.settings import Settings
 
