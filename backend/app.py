@@ -14,11 +14,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
+from swagger_ui_bundle import swagger_ui_path
 
 from asteria_core.policy import PolicyError
 from asteria_core.runtime import Runtime
@@ -55,9 +58,14 @@ def _routes(app: FastAPI) -> list[BaseRoute]:
 
 def _allowed_methods(app: FastAPI, scope: dict) -> list[str]:
     """Every method any route serves at this path (Starlette lists only the first route's)."""
+    scope = {**scope, "root_path": scope.get("app_root_path", "")}  # inside a mount: the app's
     methods: set[str] = set()
     for route in _routes(app):
-        if route.matches(scope)[0] != Match.NONE:
+        if route.matches(scope)[0] == Match.NONE:
+            continue
+        if isinstance(route, Mount):  # the docs' static files
+            methods.update(("GET", "HEAD"))
+        else:
             methods.update(getattr(route, "methods", None) or ())
     return sorted(methods)
 
@@ -123,6 +131,25 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(422, ["body", "config", *key.split(".")], str(err), "config_error")
 
 
+DOCS_ASSETS = "/docs/assets"
+
+
+def _install_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs from the files the swagger-ui-bundle-v2 package ships (FastAPI's
+    default page loads them from a CDN, so it is blank on a machine without internet). No ReDoc:
+    its page would load its script from a CDN too, and /docs renders the same document."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title=f"{app.title} - API docs",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None})  # no badge from validator.swagger.io
+
+
 def _metrics(app: FastAPI) -> tuple[bytes, str]:
     """The exposition of the newest run's telemetry (kept after it ends), or an empty one."""
     telemetry = app.state.manager.last_telemetry
@@ -169,6 +196,8 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
         description="Runs, live policy, step records, live events and metrics of an Asteria "
                     "trainer. Mutating routes need `Authorization: Bearer <token>`.",
         lifespan=lifespan,
+        docs_url=None,  # _install_docs: served from the package, not a CDN
+        redoc_url=None,
         max_body_size=settings.max_body_bytes,
         responses={400: {"description": "malformed request"},
                    413: {"description": "request body too large"},
@@ -181,6 +210,7 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
                            allow_methods=["GET", "POST", "PATCH"],
                            allow_headers=["Authorization", "Content-Type"])
     _install_error_handlers(app)
+    _install_docs(app)
     for module in API_MODULES:
         app.include_router(module.router)
     return app
