@@ -39,7 +39,7 @@ SERVED_RUN = {
 def _cmd_start(config: RunConfig, args: argparse.Namespace) -> int:
     from backend.launch import start
 
-    return start(config)
+    return start(config, progress=not args.no_progress)
 
 
 def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
@@ -52,8 +52,9 @@ def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None},
                         start_default_run=not args.no_default_run)
     app = create_app(settings, default_config=config)
-    print(f"asteria: control plane on http://{settings.host}:{settings.port} "
-          f"(API docs at /docs, metrics at /metrics)", flush=True)
+    if not args.no_banner:
+        print(f"asteria: control plane on http://{settings.host}:{settings.port} "
+              f"(API docs at /docs, metrics at /metrics)", flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="warning")
     return 0
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", help="run store, runs and token (default asteria-data)")
     serve.add_argument("--no-default-run", action="store_true",
                        help="start no run; start one with POST /runs")
+    serve.add_argument("--no-banner", action="store_true",
+                       help="print no address line (`asteria start` prints its own)")
     return parser
 
 

@@ -9,7 +9,9 @@ launcher, which then stops them in order:
     python -m backend.cli serve --config <data_dir>/start-config.toml --host H --port P ...
     python -m streamlit run dashboard/app.py --server.headless true --server.address 127.0.0.1 ...
 
-It waits until both answer, prints both URLs, and on SIGINT or SIGTERM stops the dashboard and
+It waits until both answer, prints both URLs (once: the control plane's own line is turned off),
+then the active run's progress line (step, loss, tokens/s, step time: `asteria train`'s bar, drawn
+from the step records the control plane serves), and on SIGINT or SIGTERM stops the dashboard and
 the control plane (which stops the run at a step boundary and keeps a checkpoint); a child that
 has not exited after its grace period, or after a second Ctrl-C, is killed with its process
 group. If either child dies, the other is stopped too and the exit status is 1. On Linux each
@@ -39,6 +41,7 @@ import httpx
 
 from asteria_core.cli import to_toml
 from asteria_core.train.config import RunConfig
+from asteria_core.train.progress import progress_bar, progress_figures
 from backend.settings import Settings
 
 DASHBOARD_PORT = 8501
@@ -106,6 +109,43 @@ class Child:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
+class Progress:
+    """The active run's progress line, from the control plane's step records (anonymous GETs,
+    what the dashboard reads); a new bar for each run, none while no run is active."""
+
+    def __init__(self, api: str) -> None:
+        self.api, self.run, self.since, self.bar = api, None, 0, None
+
+    def poll(self) -> None:
+        try:
+            run = httpx.get(f"{self.api}/healthz", timeout=2.0).json()["active_run"]
+            if self.run is not None:
+                self._advance()  # also the last steps of a run that has just ended
+            if run != self.run:
+                self.close()
+                if run is not None:
+                    info = httpx.get(f"{self.api}/runs/{run}", timeout=2.0).json()
+                    self.bar = progress_bar(info["step"], info["total_steps"])
+                    self.run, self.since = run, info["step"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass  # tried again at the next poll; a child that died is noticed by the caller
+
+    def _advance(self) -> None:
+        page = httpx.get(f"{self.api}/runs/{self.run}/steps", params={"since": self.since},
+                         timeout=2.0).json()
+        if page["steps"]:
+            last = page["steps"][-1]
+            self.bar.update(page["next_since"] - self.since)
+            self.bar.set_postfix(progress_figures(last["loss"], last["tokens"],
+                                                  last["step_seconds"], last.get("eval_loss")))
+            self.since = page["next_since"]
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.run, self.bar = None, None
+
+
 def _wait_ready(child: Child, url: str, ok: Callable[[httpx.Response], bool],
                 stop: threading.Event) -> bool:
     deadline = time.monotonic() + READY_SECONDS
@@ -122,7 +162,7 @@ def _wait_ready(child: Child, url: str, ok: Callable[[httpx.Response], bool],
 
 
 def start(config: RunConfig, settings: Settings | None = None,
-          dashboard_port: int | None = None) -> int:
+          dashboard_port: int | None = None, progress: bool = True) -> int:
     """Run the stack until SIGINT/SIGTERM or until a child dies; returns the exit status."""
     settings = settings or Settings()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per readiness poll
@@ -149,7 +189,7 @@ def start(config: RunConfig, settings: Settings | None = None,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []
     try:
-        return _run(settings, config_path, data_dir, api, ui, port, children, stop)
+        return _run(settings, config_path, data_dir, api, ui, port, children, stop, progress)
     finally:
         if children:
             print("asteria: stopping the dashboard and the control plane (the run stops at "
@@ -163,12 +203,13 @@ def start(config: RunConfig, settings: Settings | None = None,
 
 
 def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: str, port: int,
-         children: list[Child], stop: threading.Event) -> int:
+         children: list[Child], stop: threading.Event, progress: bool) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cwd = _dashboard_script().parent.parent
     serve = Child("control plane", [sys.executable, "-m", "backend.cli", "serve",
                                     "--config", str(config_path), "--host", settings.host,
-                                    "--port", str(settings.port), "--data-dir", str(data_dir)],
+                                    "--port", str(settings.port), "--data-dir", str(data_dir),
+                                    "--no-banner"],  # its address is printed below, with ours
                   env, cwd)
     children.append(serve)
     if not _wait_ready(serve, f"{api}/healthz", lambda r: r.status_code == 200, stop):
@@ -188,11 +229,17 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
     print(f"asteria: control plane  {api}  (API docs {api}/docs, metrics {api}/metrics)\n"
           f"asteria: dashboard      {ui}\n"
           "asteria: Ctrl-C stops both", flush=True)
-    while not stop.is_set():
-        for child in children:
-            if not child.alive():
-                return _failed(child, stop)
-        stop.wait(0.5)
+    line = Progress(api)
+    try:
+        while not stop.is_set():
+            for child in children:
+                if not child.alive():
+                    return _failed(child, stop)
+            if progress:
+                line.poll()
+            stop.wait(0.5)
+    finally:
+        line.close()
     return 0
 
 

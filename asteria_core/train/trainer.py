@@ -38,6 +38,7 @@ from asteria_core.train.data import (
 )
 from asteria_core.train.model import GPT
 from asteria_core.train.optimizers import optimizer_from_config
+from asteria_core.train.progress import progress_bar, progress_figures
 from asteria_core.train.schedule import build_scheduler
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class Trainer:
         cfg = self.config.train
         last = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
         result = TrainResult(run_dir=self.run_dir, step=self.step)
-        bar = _progress_bar(self.step, cfg.steps, enabled=progress)
+        bar = progress_bar(self.step, cfg.steps) if progress else None
         state_ok = True
         try:
             while self.step < last and not self.runtime.stop_requested:
@@ -255,21 +256,10 @@ def _keep_records_until(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _progress_bar(start: int, total: int, *, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
-
-
 def _update_bar(bar, record: StepRecord, every: int) -> None:
     if bar is None:
         return
     bar.update(1)
     if record.step % every == 0 or record.eval_loss is not None:
-        post = {"loss": f"{record.loss:.4f}", "tok/s": f"{record.tokens_per_second:,.0f}",
-                "step_ms": f"{record.step_seconds * 1e3:.1f}"}
-        if record.eval_loss is not None:
-            post["val"] = f"{record.eval_loss:.4f}"
-        bar.set_postfix(post, refresh=False)
+        bar.set_postfix(progress_figures(record.loss, record.tokens, record.step_seconds,
+                                         record.eval_loss), refresh=False)

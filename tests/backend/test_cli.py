@@ -46,7 +46,7 @@ def test_start_and_serve_default_to_the_served_run(monkeypatch, command):
 
 def test_start_hands_the_resolved_config_to_the_launcher(monkeypatch):
     seen = []
-    monkeypatch.setattr(backend.launch, "start", lambda config: seen.append(config) or 0)
+    monkeypatch.setattr(backend.launch, "start", lambda config, **_: seen.append(config) or 0)
     assert cli.main(["start", "--optim.name", "adamw"]) == 0
     assert seen[0].optim.name == "adamw" and seen[0].train.steps == 3000
 
