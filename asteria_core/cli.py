@@ -92,9 +92,9 @@ def to_toml(config: RunConfig) -> str:
     return "\n".join(lines)
 
 
-def _stop_on_signals(trainer: Any) -> tuple[list[int], dict]:
-    """SIGINT and SIGTERM (what orchestrators send first) stop the run at its next step
-    boundary, which checkpoints; a second one ends the process at once (the last checkpoint
+def _stop_on_signals(stop: Callable[[], None]) -> tuple[list[int], dict]:
+    """SIGINT and SIGTERM (what orchestrators send first) call `stop`: the run stops at its next
+    step boundary, which checkpoints; a second one ends the process at once (the last checkpoint
     stays). Installed explicitly: a run started in the background from a script inherits an
     ignored SIGINT. Returns the signals received and the handlers to restore."""
     received: list[int] = []
@@ -104,7 +104,7 @@ def _stop_on_signals(trainer: Any) -> tuple[list[int], dict]:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         received.append(signum)
-        trainer.request_stop()
+        stop()
 
     return received, {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT,
                                                                      signal.SIGTERM)}
@@ -118,6 +118,21 @@ def _last_checkpoint(trainer: Any) -> str:
 
 
 def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
+    """The signals are ours from before the run is built until after it is closed: a signal
+    while it starts stops it before its first step, and a second one while it closes ends the
+    process at once (Python's own SIGINT handler would raise KeyboardInterrupt wherever close
+    happened to be, a join or a lock)."""
+    run: list[Any] = []  # the trainer, once built
+    received, previous = _stop_on_signals(lambda: run and run[0].request_stop())
+    try:
+        return _train(config, args, run, received)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
+           received: list[int]) -> int:
     from asteria_core.refresh import RefreshFailed
     from asteria_core.tiers import TierFileError
     from asteria_core.train.trainer import Trainer
@@ -127,6 +142,9 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     except (OSError, ValueError, TierFileError) as err:  # unreadable, unwritable, too full
         print(f"asteria: cannot start the run: {err}", file=sys.stderr)
         return 1
+    run.append(trainer)
+    if received:  # a signal while the run was built
+        trainer.request_stop()
     host, port = config.telemetry.metrics_host, config.telemetry.metrics_port
     if port and trainer.telemetry is not None:
         try:
@@ -140,7 +158,6 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
           f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
           f"writing {trainer.run_dir}", flush=True)
-    received, previous = _stop_on_signals(trainer)
     failed = None
     try:
         result = trainer.train(progress=not args.no_progress)
@@ -154,8 +171,6 @@ def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         try:
             trainer.close()
         except (OSError, TierFileError):

@@ -420,11 +420,24 @@ class RefreshEngine:
     # ------------------------------------------------------------------ checkpoints, shutdown
     def settle(self) -> None:
         """Before a checkpoint: finish every outstanding refresh and hand it to the optimizer
-        with its swap step, so the checkpoint holds it and a resumed run swaps it in on time."""
+        with its swap step, so the checkpoint holds it and a resumed run swaps it in on time.
+
+        A refresh no worker has started is computed here, on the calling thread (the same
+        numbers), so a checkpoint, and a stop, waits only for the refreshes in progress, never
+        for a queue or for worker processes that are still starting. In a data-parallel run the
+        owner's worker result also travels to the other ranks: there every refresh is awaited."""
         policy = self.policy.current
         for queue_ in self.outstanding.values():
             while queue_:
                 item = queue_.popleft()
+                job = item.job
+                if self.exchange is None and job is not None and job.started_at is None:
+                    if item.release_step is not None:  # held by pacing: never submitted
+                        self._held.remove(item)
+                        item.release_step = None
+                    job.cancelled = True  # no worker takes it now; one that just did is unread
+                    item.job = None
+                    self._run_inline(item, job)
                 self._finish(item, policy)
                 at = item.stats_step + policy.delay
                 if item.result is not None and item.error is None:

@@ -204,12 +204,17 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+READY = "ready"
+"""The first message of a worker process on the outbox: (READY, its pid, None, 0.0)."""
+
+
 def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int) -> None:
     _exit_with_parent()
     import torch
 
     torch.set_num_threads(threads)
     _renice(0, nice)
+    outbox.put((READY, os.getpid(), None, 0.0))
     while (item := inbox.get()) is not None:
         job_id, snapshot, config = item
         t0 = time.perf_counter()
@@ -227,13 +232,17 @@ class _Process:
                                 name=f"refresh-worker-{index}", daemon=True)
         self.proc.start()
         self.job: Job | None = None
+        self.ready = False
+        """Set when the process says it is up (torch imported): only then is a job handed to
+        it, so a job's `started_at` is when a process really takes it up."""
 
 
 class ProcessWorkers:
     """`n` worker processes (spawned, so no OpenMP state is forked); one job each at a time.
 
     A dispatcher thread starts the processes (so building a pool never holds up the step
-    boundary) and hands the most urgent queued job to an idle one; a collector thread receives
+    boundary) and hands the most urgent queued job to an idle one that is up (it says so once
+    torch is imported, which takes seconds on a loaded machine); a collector thread receives
     results and watches the processes: one that died (killed, out of memory) is counted in
     `deaths`, replaced, and its job queued again. A hung job's process is killed and replaced.
     """
@@ -241,6 +250,11 @@ class ProcessWorkers:
     kind = "process"
     REAP_SECONDS = 0.2
     """How often the collector looks for dead processes."""
+    STOP_SECONDS = 1.0
+    """How long `close` lets the processes exit by themselves before it kills them. Nothing in
+    them outlives the pool (a result that arrived is in its Job; one still running is not
+    wanted), and on a loaded machine a process still importing torch, or tearing it down, would
+    otherwise hold up the end of a run for seconds."""
 
     def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
         self._ctx = mp.get_context("spawn")
@@ -285,11 +299,11 @@ class ProcessWorkers:
                 job.ready.synchronize()  # its host copy, before a process is taken for it
             snapshot = _private(job.snapshot)
             with self._idle:
-                while not self._stopped() and all(p.job is not None for p in self._procs):
+                while not self._stopped() and self._idle_process() is None:
                     self._idle.wait()
                 if self._stopped():
                     return
-                proc = next(p for p in self._procs if p.job is None)
+                proc = self._idle_process()
                 if job.cancelled:
                     continue
                 job_id = next(self._ids)
@@ -298,6 +312,9 @@ class ProcessWorkers:
                 job.started_at = time.perf_counter()
                 # Under the lock: a retire() or close() that follows sends its stop after this.
                 proc.inbox.put((job_id, snapshot, job.config))
+
+    def _idle_process(self) -> _Process | None:
+        return next((p for p in self._procs if p.ready and p.job is None), None)
 
     def _stopped(self) -> bool:
         return self._closing or self._retiring
@@ -315,6 +332,12 @@ class ProcessWorkers:
                     return
                 continue
             job_id, result, error, _seconds = item
+            if job_id == READY:  # a process is up; `result` is its pid
+                with self._idle:
+                    for proc in self._procs:
+                        proc.ready = proc.ready or proc.proc.pid == result
+                    self._idle.notify_all()
+                continue
             with self._idle:
                 entry = self._jobs.pop(job_id, None)
                 if entry is None:
@@ -387,7 +410,7 @@ class ProcessWorkers:
         with self._lock:
             return [p.proc.pid for p in self._procs]
 
-    def close(self, timeout: float = 10.0) -> list[str]:
+    def close(self, timeout: float = STOP_SECONDS) -> list[str]:
         with self._idle:
             self._closing = True
             self._idle.notify_all()
@@ -395,16 +418,18 @@ class ProcessWorkers:
         self._dispatcher.join(5)  # no process starts after this
         for p in self._procs:
             p.inbox.put(None)
+        self._collector.join(5)  # it ends at its next empty poll, before any process is killed
         deadline = time.monotonic() + timeout
-        left = []
         for p in self._procs:
             p.proc.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
             if p.proc.is_alive():
-                p.proc.kill()  # a hung refresh: processes can be stopped, so none outlives
-                p.proc.join(5)
+                p.proc.kill()  # still starting, running a refresh no one waits for, or hung
+        left = []
+        for p in self._procs:
+            p.proc.join(5)
             if p.proc.is_alive():
                 left.append(p.proc.name)
-        self._collector.join(5)
         return left
 
 

@@ -16,6 +16,8 @@ from asteria_core import cli as core
 from asteria_core.train.config_docs import describe_keys
 from backend import cli
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_the_console_entry_is_the_backend_cli():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
@@ -106,12 +108,14 @@ def test_keys_prints_each_key_with_type_range_default_and_help():
 
 @pytest.mark.parametrize(("typo", "meant"), [(["--no-progres"], "--no-progress"),
                                              (["--metrics-por", "0"], "--metrics-port"),
-                                             (["--con", "run.toml"], "--config")])
+                                             (["--con", "RUN"], "--config")])
 def test_a_mistyped_option_is_an_error_and_nothing_trains(tmp_path, typo, meant):
-    (tmp_path / "run.toml").write_text("[train]\nsteps = 1\n")
+    run = tmp_path / "run.toml"
+    run.write_text("[train]\nsteps = 1\n")
+    typo = [str(run) if a == "RUN" else a for a in typo]
     proc = subprocess.run([sys.executable, "-m", "backend.cli", "train", *typo, "--train.steps",
                            "1", "--train.out_dir", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert f"unknown option {typo[0]!r}; did you mean {meant}?" in proc.stderr
     assert proc.stderr.startswith("usage: asteria train")

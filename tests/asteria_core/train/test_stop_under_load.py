@@ -1,0 +1,82 @@
+"""A stop is bounded on a loaded machine (issue 18, item 6): `asteria train` gets SIGINT right
+after its first step, while busy processes take every core, and exits within 10 s with its
+checkpoint, ten times over: AdamW serving /metrics (the run that once did not exit within 60 s),
+and SOAP on worker processes that are still starting (the stop used to wait for them to import
+torch, then again for them to exit)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from asteria_core.machine import MACHINE
+from tests.backend.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
+        "--model.block_size", "32", "--data.batch_size", "4", "--train.steps", "1000000",
+        "--train.eval_interval", "100000", "--train.eval_batches", "2", "--train.threads", "1",
+        "--no-progress"]
+PROCESS_WORKERS = ["--optim.name", "soap", "--policy.worker_kind", "process",
+                   "--policy.workers", str(min(2, MACHINE.max_process_workers))]
+BOUND_SECONDS = 10.0
+
+
+def first_step_done(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            steps = re.search(r"^asteria_steps(?:_total)? (\S+)$", body, re.M)
+            if steps and float(steps[1]) > 0:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no step seen on {url}; exit status {proc.poll()}")
+
+
+@pytest.fixture
+def busy_cores():
+    """A real busy process on every core, for the whole test."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)]
+    yield
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.mark.slow
+def test_a_stop_beside_busy_cores_ends_within_ten_seconds_ten_times(tmp_path, busy_cores):
+    seconds = []
+    for i in range(10):
+        port = free_port()
+        out = tmp_path / f"run{i}"
+        cmd = [sys.executable, "-m", "asteria_core.cli", "train", "--metrics-port", str(port),
+               "--train.out_dir", str(out), *TINY, *(PROCESS_WORKERS if i % 2 else [])]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            first_step_done(f"http://127.0.0.1:{port}/metrics", proc)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            seconds.append(round(time.monotonic() - sent, 2))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 130, err
+        assert "stopped by SIGINT" in err
+        assert len(list(out.glob("*/checkpoint.pt"))) == 1
+    print(f"seconds from SIGINT to exit: {seconds}")  # shown with pytest -rA
+    assert max(seconds) <= BOUND_SECONDS, f"seconds from SIGINT to exit: {seconds}"
