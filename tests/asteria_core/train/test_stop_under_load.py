@@ -80,3 +80,40 @@ def test_a_stop_beside_busy_cores_ends_within_ten_seconds_ten_times(tmp_path, bu
         assert len(list(out.glob("*/checkpoint.pt"))) == 1
     print(f"seconds from SIGINT to exit: {seconds}")  # shown with pytest -rA
     assert max(seconds) <= BOUND_SECONDS, f"seconds from SIGINT to exit: {seconds}"
+
+
+def test_a_signal_while_the_run_is_built_stops_it_before_its_first_step(tmp_path):
+    """The build is held on a FIFO: the zone name in a RAPL tree of the test's own, which the
+    energy meters read while the run is built. Once the run opens it, SIGTERM lands mid-build."""
+    zone = tmp_path / "rapl" / "intel-rapl:0"
+    zone.mkdir(parents=True)
+    (zone / "max_energy_range_uj").write_text("262143328850\n")
+    (zone / "energy_uj").write_text("0\n")
+    os.mkfifo(zone / "name")
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "asteria_core.cli", "train", "--train.out_dir",
+                             str(out), "--telemetry.rapl_root", str(tmp_path / "rapl"), *TINY],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # succeeds once the run has opened the FIFO to read it
+            try:
+                fifo = os.open(zone / "name", os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.poll()
+                time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None, f"SIGTERM mid-build ended the process: {proc.returncode}"
+        os.write(fifo, b"package-0\n")
+        os.close(fifo)  # end of file: the build goes on
+        out_text, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM at step 0" in err
+    assert "asteria: run " in out_text  # it was built, then stopped before training
+    assert len(list(out.glob("*/checkpoint.pt"))) == 1
