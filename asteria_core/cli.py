@@ -296,7 +296,9 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None,
         commands: Mapping[str, Command], bases: Mapping[str, dict] | None = None) -> int:
     """Parse `argv`, resolve the run config (on `bases[command]`, if any) and run the command.
 
-    A config error prints `asteria: config error: ...` and returns 2 before anything is built.
+    A config error prints `asteria: config error: ...` and returns 2 before anything is built;
+    an option that is neither the command's nor an override is a usage error (exit 2) that names
+    the closest option.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args, rest = parser.parse_known_args(argv)
