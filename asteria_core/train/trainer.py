@@ -75,7 +75,11 @@ class Trainer:
 
     def __init__(self, config: RunConfig, *, run_id: str | None = None,
                  jsonl: bool = True, reporter: RunReporter | None = None,
-                 policy: LivePolicy | None = None) -> None:
+                 policy: LivePolicy | None = None,
+                 optimizer_factory: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
+                 ) -> None:
+        """`optimizer_factory`: builds the optimizer from the model instead of `config.optim`
+        (a benchmark's peer optimizer, trained on the same model, data and schedule)."""
         resume = ckpt.load(config.train.resume) if config.train.resume else None
         if resume is not None:
             # The architecture comes from the checkpoint; the schedule and paths from `config`.
@@ -107,7 +111,8 @@ class Trainer:
             policy = LivePolicy(Policy(**resume["policy"]["current"]),
                                 version=resume["policy"]["version"], start_step=resume["step"])
         self.policy = policy or LivePolicy(config.policy)
-        self.optimizer = optimizer_from_config(config.optim, self.model, self.policy.current)
+        self.optimizer = optimizer_factory(self.model) if optimizer_factory else \
+            optimizer_from_config(config.optim, self.model, self.policy.current)
         self.scheduler = build_scheduler(self.optimizer, config.optim.warmup_steps,
                                          config.train.steps, config.optim.min_lr_ratio)
         self.runtime = Runtime(
