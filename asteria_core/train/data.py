@@ -1,12 +1,17 @@
 """Corpus, byte-level tokenizer and a resumable batch loader.
 
 The embedded default corpus is the English documentation text that ships inside CPython
-(`pydoc_data.topics`, about 465 KB), so the default run needs no download. The split is
-deterministic: the last `val_fraction` of the byte stream is validation.
+(`pydoc_data.topics`, about 465 KB), so the default run needs no download. A second built-in
+corpus, "python-source", is Python code instead of English: fifteen modules of the running
+Python's standard library, concatenated in a fixed order (about 505 KB on CPython 3.11), also
+without a download (`NAMED_CORPORA`; `load_corpus("python-source")` when no such path exists).
+The split is deterministic: the last `val_fraction` of the byte stream is validation.
 """
 
 from __future__ import annotations
 
+import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +38,43 @@ def embedded_corpus() -> str:
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 
+PYTHON_SOURCE_MODULES = (
+    "abc", "argparse", "bisect", "calendar", "colorsys", "contextlib", "copy", "csv",
+    "dataclasses", "difflib", "enum", "fnmatch", "fractions", "functools", "gettext")
+"""Pure-Python standard-library modules present in every CPython 3.x of the last decade, in the
+order the "python-source" corpus joins them."""
+
+
+def python_source_corpus() -> str:
+    """The "python-source" corpus: the source of PYTHON_SOURCE_MODULES from this interpreter's
+    standard library, each behind a `# ---- name.py ----` line, in that fixed order. The same
+    text on every run of one Python version (the files differ between versions)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    parts = []
+    for name in PYTHON_SOURCE_MODULES:
+        file = stdlib / f"{name}.py"
+        if not file.is_file():
+            raise ValueError(f"data.corpus: 'python-source' needs {file}, which this Python "
+                             "does not have; allowed: a CPython with its standard library "
+                             "sources")
+        text = file.read_bytes().decode("utf-8", errors="replace")
+        parts.append(f"# ---- {name}.py ----\n" + text.replace("\r\n", "\n").replace("\r", "\n"))
+    return "\n\n".join(parts)
+
+
+NAMED_CORPORA: dict[str, Callable[[], str]] = {"python-source": python_source_corpus}
+"""Built-in corpora by name, beside the embedded default (the empty path)."""
+
+
 def load_corpus(path: str, limit: int | None = None) -> str:
-    """Read a text file, or every text file under a folder (sorted); empty path -> embedded.
+    """Read a text file, or every text file under a folder (sorted); empty path -> embedded;
+    a name of NAMED_CORPORA that is not an existing path -> that built-in corpus.
     At most `limit` bytes (default: what this machine's memory budget holds as tokens) are
     read; a larger corpus is an error, so a huge or endless file never fills the memory."""
     if not path:
         return embedded_corpus()
+    if path in NAMED_CORPORA and not Path(path).expanduser().exists():
+        return NAMED_CORPORA[path]()
     limit = max_corpus_bytes() if limit is None else limit
     root = Path(path).expanduser()
     files = [root] if root.is_file() else \
