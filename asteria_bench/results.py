@@ -1,7 +1,7 @@
 """One output format for every suite: a JSON file per suite, written as the suite goes.
 
 A suite's file holds what the report needs and nothing it has to recompute:
-    suite, title, schema, command, quick, started, seconds,
+    suite, title, description, schema, command, quick, started, seconds,
     machine (cpu, cores, memory, python, torch and its threads, device), git (commit, dirty),
     config (what was run: model, steps, corpus, ...),
     runs (one dict per configuration, raw step times included),
@@ -97,6 +97,7 @@ class SuiteResult:
     quick: bool
     command: str
     config: dict[str, Any] = field(default_factory=dict)
+    description: str = ""  # what the suite runs and how (its module's docstring by default)
     runs: list[dict[str, Any]] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     plots: list[dict[str, str]] = field(default_factory=list)
@@ -118,7 +119,8 @@ class SuiteResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "suite": self.suite, "title": self.title, "schema": SCHEMA,
+            "suite": self.suite, "title": self.title, "description": self.description,
+            "schema": SCHEMA,
             "command": self.command, "quick": self.quick, "started": self.started,
             "seconds": round(time.perf_counter() - self._t0, 1),
             "machine": machine_info(), "git": git_info(),

@@ -6,6 +6,7 @@
     asteria keys optim                    # every key of a section: type, range, default, help
     asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
     asteria serve --port 8000             # the control plane, with a default run
+    asteria bench all --quick             # every published number, measured (docs/benchmarks.md)
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
 key or a bad value stops the command before anything is built, naming the key.
@@ -59,10 +60,17 @@ def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(config: RunConfig, args: argparse.Namespace) -> int:
+    from asteria_bench import cli as bench  # the suites load torch's models only when asked
+
+    return bench.run(args)
+
+
 COMMANDS: dict[str, core.Command] = {
     "start": _cmd_start,
     **{name: handler for name, (_, handler) in core.COMMANDS.items()},
     "serve": _cmd_serve,
+    "bench": _cmd_bench,
 }
 
 
@@ -83,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start no run; start one with POST /runs")
     serve.add_argument("--no-banner", action="store_true",
                        help="print no address line (`asteria start` prints its own)")
+    bench = core.add_parser(sub, "bench", "run benchmark suites and render docs/benchmarks.md "
+                                          "and the README's performance section from them")
+    from asteria_bench.cli import add_arguments
+
+    add_arguments(bench)
     return parser
 
 

@@ -6,6 +6,8 @@ relative (resolved), or `importlib.import_module("a.literal")`. The rules:
 
 - asteria_core never imports the control plane or the dashboard, nor their web stack.
 - dashboard never imports torch or asteria_core: it talks HTTP.
+- asteria_bench (`asteria bench`, which the CLI in backend loads) never imports the control
+  plane, the dashboard or the web stack: it measures a served run over HTTP, as a client.
 - inside asteria_core each subpackage (or top module) has a rank in `RANKS`; a module imports its
   own subpackage and lower ranks only (so two of one rank never import each other). The package
   root (asteria_core/__init__.py, the public API) re-exports runtime and what is below it, and
@@ -33,12 +35,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("asteria_core", "backend", "dashboard")
+PACKAGES = ("asteria_core", "asteria_bench", "backend", "dashboard")
 CORE = "asteria_core"
 
-CORE_FORBIDDEN = ("backend", "dashboard", "fastapi", "uvicorn", "starlette", "streamlit",
-                  "pydantic", "pydantic_settings")
+CORE_FORBIDDEN = ("backend", "dashboard", "asteria_bench", "fastapi", "uvicorn", "starlette",
+                  "streamlit", "pydantic", "pydantic_settings")
 DASHBOARD_FORBIDDEN = ("torch", "asteria_core")
+BENCH_FORBIDDEN = ("backend", "dashboard", "fastapi", "uvicorn", "starlette", "streamlit")
 OPTIM_FORBIDDEN = ("threading", "multiprocessing", "torch.distributed")
 
 # asteria_core's layers, lowest first. Two units of one rank may not import each other.
@@ -213,6 +216,12 @@ def dashboard_over_http(imports: list[Import]) -> Iterator[str]:
             yield f"{i}: the dashboard talks HTTP, it imports no torch or asteria_core"
 
 
+def bench_over_http(imports: list[Import]) -> Iterator[str]:
+    for i in imports:
+        if top(i.importer) == "asteria_bench" and within(i.imported, BENCH_FORBIDDEN):
+            yield f"{i}: asteria_bench measures the control plane over HTTP, it imports none of it"
+
+
 def core_layers(imports: list[Import]) -> Iterator[str]:
     for i in imports:
         if top(i.importer) != CORE or top(i.imported) != CORE:
@@ -273,8 +282,8 @@ def core_cycles(imports: list[Import]) -> Iterator[str]:
     yield from _cycle_edges(imports, lambda m: unit(m) if top(m) == CORE else None)
 
 
-RULES = {rule.__name__: rule for rule in (core_no_web, dashboard_over_http, core_layers,
-                                          optim_math, package_cycles, core_cycles)}
+RULES = {rule.__name__: rule for rule in (core_no_web, dashboard_over_http, bench_over_http,
+                                          core_layers, optim_math, package_cycles, core_cycles)}
 
 
 def violations(imports: list[Import]) -> list[str]:
@@ -354,8 +363,10 @@ def test_a_function_level_import_up_the_layers_is_reported(tmp_path):
       "asteria_core/cli.py": "from backend import x\n"},
      "[package_cycles] backend/x.py:1 backend.x -> asteria_core.cli: backend -> asteria_core "
      "closes a cycle"),
+    ({"asteria_bench/suites/x.py": "from backend.app import create_app\n"},
+     "[bench_over_http] asteria_bench/suites/x.py:1 asteria_bench.suites.x -> backend.app"),
 ], ids=["function-web", "import_module", "relative-TYPE_CHECKING", "root", "unranked",
-        "from-torch-import-distributed", "dashboard-torch", "package-cycle"])
+        "from-torch-import-distributed", "dashboard-torch", "package-cycle", "bench-backend"])
 def test_each_rule_reports_its_edges(tmp_path, files, expected):
     found = violations(collect_imports(tree(tmp_path, files)))
     assert any(expected in v for v in found), found
@@ -382,10 +393,13 @@ FORBIDDEN_LOADED = {
     "asteria_core": ("fastapi", "uvicorn", "starlette", "streamlit", "pydantic", "backend",
                      "dashboard"),
     "dashboard": ("torch", "asteria_core"),
+    "asteria_bench": ("fastapi", "uvicorn", "starlette", "streamlit", "backend", "dashboard"),
 }
 # Adapters whose framework is an optional extra fail to import without it (import-guarded);
 # the probe skips those and nothing else.
-OPTIONAL = ("transformers", "accelerate", "lightning", "pytorch_lightning", "lightning_fabric")
+OPTIONAL = ("transformers", "accelerate", "lightning", "pytorch_lightning", "lightning_fabric",
+            "heavyball", "pytorch_optimizer")
+OPTIONAL_ADAPTERS = ("asteria_core.integrations.", "asteria_bench.peers")
 
 PROBE = """
 import importlib, json, pkgutil, sys
@@ -398,13 +412,14 @@ def missing_optional(err):
     return False
 
 OPTIONAL = set(json.loads(sys.argv[2]))
+ADAPTERS = tuple(json.loads(sys.argv[3]))
 root = importlib.import_module(sys.argv[1])
 skipped = []
 for info in pkgutil.walk_packages(root.__path__, root.__name__ + "."):
     try:
         importlib.import_module(info.name)
     except ImportError as err:
-        if not (info.name.startswith("asteria_core.integrations.") and missing_optional(err)):
+        if not (info.name.startswith(ADAPTERS) and missing_optional(err)):
             raise
         skipped.append(info.name)
 print(json.dumps({"loaded": sorted(sys.modules), "skipped": skipped}))
@@ -413,7 +428,8 @@ print(json.dumps({"loaded": sorted(sys.modules), "skipped": skipped}))
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN_LOADED))
 def test_importing_a_package_loads_no_forbidden_module(package):
-    proc = subprocess.run([sys.executable, "-c", PROBE, package, json.dumps(OPTIONAL)],
+    proc = subprocess.run([sys.executable, "-c", PROBE, package, json.dumps(OPTIONAL),
+                           json.dumps(OPTIONAL_ADAPTERS)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.splitlines()[-1])["loaded"]

@@ -1,4 +1,4 @@
-"""A refresh engine a benchmark can pause between steps exactly (bench_refresh's round-robin).
+"""A refresh engine a benchmark can pause between steps exactly (asteria_bench/turns.py).
 
 Several runs take turns on one machine. When a run's turn ends, the jobs that pacing would
 release at its last boundary must neither run on into the next run's turn nor run early, so

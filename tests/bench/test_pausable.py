@@ -1,10 +1,10 @@
-"""bench_refresh's pausable refresh engine: pausing between turns changes timing only."""
+"""The round-robin suites' pausable refresh engine: pausing between turns changes timing only."""
 
 import torch
 
+from asteria_bench.pausable import PausableRefresh
 from asteria_core.optim import SOAP
 from asteria_core.policy import LivePolicy, Policy
-from benchmarks.pausable import PausableRefresh
 from tests.asteria_core.refresh.test_engine import _problem, _train
 
 

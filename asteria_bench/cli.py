@@ -1,0 +1,110 @@
+"""`asteria bench SUITE... [--quick]`: run suites, then render the report from their JSON.
+
+    asteria bench all --quick              # every suite, small sizes (about 10 minutes here)
+    asteria bench optimizers --corpus my.txt
+    asteria bench critical-path staleness --out /tmp/bench
+    asteria bench --report-only            # re-render docs/benchmarks.md and the README section
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from asteria_bench import report
+from asteria_bench.options import BenchOptions
+from asteria_bench.suites import SUITES, load
+
+DEFAULT_OUT = Path("docs/benchmarks")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("suites", nargs="*", metavar="SUITE",
+                        help=f"any of: {', '.join(SUITES)}, or all")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes: every suite within 10 minutes on 2 CPU cores")
+    parser.add_argument("--corpus", metavar="PATH",
+                        help="a text file to train on beside the default corpus (optimizers)")
+    parser.add_argument("--out", metavar="DIR", default=str(DEFAULT_OUT),
+                        help=f"where each suite's JSON and plots go (default {DEFAULT_OUT})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the ~100M-parameter model on one CUDA device")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out the peers' optimizers even where they are installed")
+    parser.add_argument("--report", metavar="FILE", default="docs/benchmarks.md",
+                        help="the Markdown report rendered from --out's JSON")
+    parser.add_argument("--readme", metavar="FILE", default="README.md",
+                        help="the README whose performance section is rendered (kept as is "
+                             "where the file has no section markers)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing; render the report and README from --out's JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _peers_installed() -> bool:
+    try:
+        from asteria_bench import peers
+    except ImportError:
+        return False
+    return bool(peers.available_peers("soap"))
+
+
+def chosen_suites(names: list[str]) -> list[str]:
+    if "all" in names:
+        return list(SUITES)
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        raise ValueError(f"SUITE: got {', '.join(map(repr, unknown))}; allowed: "
+                         f"{', '.join(SUITES)}, all")
+    return list(dict.fromkeys(names))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        names = chosen_suites(args.suites)
+    except ValueError as err:
+        print(f"asteria bench: {err}", file=sys.stderr)
+        return 2
+    if not names and not args.report_only:
+        print("asteria bench: name a SUITE (or all), or --report-only", file=sys.stderr)
+        return 2
+    if args.corpus and not Path(args.corpus).is_file():
+        print(f"asteria bench: --corpus: {args.corpus!r} is not a file", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("asteria bench: --device cuda: no CUDA device is available", file=sys.stderr)
+            return 2
+    out_dir = Path(args.out)
+    peers = not args.no_peers and _peers_installed()
+    if not args.no_peers and not peers and not args.report_only:
+        print("asteria bench: the peers are not installed (pip install -e \".[peers]\"); "
+              "running without them", file=sys.stderr)
+    command = "asteria bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
+                                            else args.suites)
+    opts = BenchOptions(quick=args.quick, out_dir=out_dir, corpus=args.corpus,
+                        device=args.device, peers=peers, command=command,
+                        progress=not args.no_progress)
+    t0 = time.perf_counter()
+    for i, name in enumerate([] if args.report_only else names, 1):
+        print(f"[{i}/{len(names)}] {name}: {load(name).TITLE}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        suite = load(name)
+        result = suite.run(opts)
+        if not result.description:
+            result.description = suite.__doc__ or ""
+            result.save(out_dir)
+        print(f"[{i}/{len(names)}] {name}: done in {time.perf_counter() - start:.0f} s -> "
+              f"{out_dir / (result.suite + '.json')}", file=sys.stderr, flush=True)
+    if names and not args.report_only:
+        print(f"asteria bench: {len(names)} suite(s) in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr)
+    written = report.write(out_dir, Path(args.report), Path(args.readme))
+    for path in written:
+        print(f"asteria bench: wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,152 @@
+"""docs/benchmarks.md and the README's performance section, rendered from the suites' JSON only.
+
+Nothing here measures or recomputes: every number comes out of a suite's file (its tables, its
+headline figures, its findings), so the README and the report say what the JSON says, and the
+drift test (tests/bench/test_report_drift.py) fails where they do not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from asteria_bench import results
+from asteria_bench.suites import SUITES
+
+BEGIN = "<!-- asteria bench: begin (generated from docs/benchmarks/*.json; do not edit) -->"
+END = "<!-- asteria bench: end -->"
+
+
+def _ordered(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    known = [found[name] for name in SUITES if name in found]
+    return known + [found[name] for name in sorted(found) if name not in SUITES]
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(table: dict[str, Any]) -> list[str]:
+    lines = [f"**{table['title']}**", "",
+             "| " + " | ".join(map(_cell, table["columns"])) + " |",
+             "|" + "---|" * len(table["columns"])]
+    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in table["rows"]]
+    if table.get("note"):
+        lines += ["", table["note"]]
+    return lines + [""]
+
+
+def headline_sentence(figure: dict[str, Any]) -> str:
+    return figure["text"].format(value=figure["value"])
+
+
+def _run_line(data: dict[str, Any]) -> str:
+    m, git = data["machine"], data["git"]
+    commit = (git.get("commit") or "unknown")[:10] + (" + changes" if git.get("dirty") else "")
+    threads = f"{m['torch_threads']} torch threads"
+    return (f"`{data['command']}` ({'quick' if data['quick'] else 'full'} sizes), "
+            f"{data['started'][:10]}, {data['seconds']:.0f} s; {m['device']} on {m['cpu']} "
+            f"({m['cores']} cores, {m['memory_gib']} GiB), {threads}, torch {m['torch']}, "
+            f"Python {m['python']}; commit {commit}")
+
+
+def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: Path) -> str:
+    """The whole of docs/benchmarks.md."""
+    rel = Path(os.path.relpath(out_dir, report_path.parent))
+    lines = ["# Benchmarks", "",
+             "Every figure Asteria publishes, as `asteria bench` measured it. This file and the "
+             "README's performance section are rendered from the JSON files beside the plots "
+             f"(`{rel.as_posix()}/<suite>.json`: machine, versions, threads, commit and every "
+             "raw step time); `asteria bench --report-only` renders them again, and a test "
+             "fails when they disagree with the JSON.", ""]
+    suites = _ordered(found)
+    lines += ["| suite | what | run |", "|---|---|---|"]
+    lines += [f"| [{d['suite']}](#{_anchor(d['title'])}) | {_cell(d['title'])} | "
+              f"{'quick' if d['quick'] else 'full'}, {d['seconds']:.0f} s |" for d in suites]
+    lines.append("")
+    for d in suites:
+        lines += [f"## {d['title']}", "", f"Run: {_run_line(d)}. Raw data: "
+                  f"[{d['suite']}.json]({(rel / (d['suite'] + '.json')).as_posix()}).", ""]
+        if d.get("description"):
+            lines += [_dedent(d["description"]), ""]
+        for table in d["tables"]:
+            lines += _table(table)
+        for plot in d["plots"]:
+            lines += [f"![{plot['caption']}]({(rel / plot['file']).as_posix()})", "",
+                      f"*{plot['caption']}*", ""]
+        if d["findings"]:
+            lines += ["What the numbers say:", ""] + [f"- {f}" for f in d["findings"]] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _dedent(text: str) -> str:
+    return "\n".join(line.strip() for line in text.strip().splitlines())
+
+
+def _anchor(title: str) -> str:
+    """GitHub's heading anchor."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def render_readme_section(found: dict[str, dict[str, Any]], out_dir: Path,
+                          report_path: Path) -> str:
+    """The README's performance section, markers included: what ran on what, the headline
+    figures (each linked to its JSON), links to the report and its plots."""
+    suites = _ordered(found)
+    lines = [BEGIN, "## Performance", ""]
+    if not suites:
+        return "\n".join([*lines, "No benchmark has been run yet: `asteria bench all`.", END])
+    machines = {(d["machine"]["device"], d["machine"]["cpu"], d["machine"]["cores"],
+                 d["machine"]["torch"]) for d in suites}
+    on = "; ".join(f"{dev} on {cpu} ({cores} cores), torch {torch}"
+                   for dev, cpu, cores, torch in sorted(machines))
+    sizes = sorted({"quick" if d["quick"] else "full" for d in suites})
+    lines += [f"Measured by `asteria bench` ({' and '.join(sizes)} sizes) on {on}. "
+              f"Tables, plots and method: [{report_path.as_posix()}]({report_path.as_posix()}); "
+              "rerun with `asteria bench all` (`--quick`: about 10 minutes here).", ""]
+    for d in suites:
+        json_path = (out_dir / f"{d['suite']}.json").as_posix()
+        figures = [headline_sentence(f) for f in d["headline"].values()]
+        if not figures:
+            continue
+        lines.append(f"- **{d['suite']}** ([{d['suite']}.json]({json_path})): " +
+                     "; ".join(figures) + ".")
+    plots = [(d, p) for d in suites for p in d["plots"]][:4]
+    if plots:
+        lines += ["", "Plots: " + ", ".join(f"[{p['caption']}]({(out_dir / p['file']).as_posix()})"
+                                            for _, p in plots) + "."]
+    return "\n".join([*lines, END])
+
+
+def replace_section(readme: str, section: str) -> str | None:
+    """`readme` with its marked section replaced; None where it has no markers."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        return None
+    return readme[:start] + section + readme[end + len(END):]
+
+
+def current_section(readme: str) -> str | None:
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        return None
+    return readme[start:end + len(END)]
+
+
+def write(out_dir: Path, report_path: Path, readme_path: Path) -> list[Path]:
+    """Render both from `out_dir`'s JSON; returns the files written."""
+    found = results.load(out_dir)
+    written = []
+    if found:
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(render_report(found, out_dir, report_path))
+        written.append(report_path)
+    if readme_path.is_file():
+        text = replace_section(readme_path.read_text(),
+                               render_readme_section(found, out_dir, report_path))
+        if text is not None:
+            readme_path.write_text(text)
+            written.append(readme_path)
+    return written

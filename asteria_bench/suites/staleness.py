@@ -1,0 +1,86 @@
+"""Staleness: what the bound S costs and buys (the paper's Fig. 9 question).
+
+Asteria-SOAP with d = S in {1, 2, 3, 5, 10} (refresh on one host worker, paced) beside native
+SOAP (refresh inline, S = 0), the same model, seed and batches, in turns of one refresh interval
+(asteria_bench/turns.py). Per S: final validation loss, training wall-clock, the time waited at
+the bound (refresh_wait), the spike ratio and the largest staleness seen.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from asteria_bench.options import BenchOptions
+from asteria_bench.plots import xy_plot
+from asteria_bench.results import SuiteResult
+from asteria_bench.turns import (
+    CPU_MODEL,
+    GPU_MODEL,
+    INTERVAL,
+    NATIVE,
+    SOAP,
+    Config,
+    asteria,
+    round_robin,
+)
+
+TITLE = "Staleness: final loss and wall-clock against the bound S"
+BOUNDS = (1, 2, 3, 5, 10)
+STEPS = {"quick": 40, "full": 200}
+
+
+def run(opts: BenchOptions) -> SuiteResult:
+    steps = opts.pick(STEPS["quick"], STEPS["full"])
+    model = GPU_MODEL if opts.device == "cuda" else CPU_MODEL
+    result = SuiteResult("staleness", TITLE, opts.quick, opts.command,
+                         config={"steps": steps, "refresh_interval": INTERVAL, "bounds": BOUNDS,
+                                 "model_args": model})
+    chosen = [Config("native SOAP (S = 0)", SOAP + NATIVE, "soap")] + \
+        [Config(f"Asteria-SOAP S={s}", SOAP + asteria(s), "soap") for s in BOUNDS]
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = round_robin(chosen, steps, Path(tmp), opts, model)
+    result.runs = runs
+    result.config["params"] = runs[0]["params"]
+    native = runs[0]
+    table = result.table(
+        f"Bound S against native SOAP ({runs[0]['params'] / 1e6:.1f}M parameters, {steps} steps)",
+        ["configuration", "val loss", "train s", "train s / native", "refresh wait s",
+         "spike", "p99 ms", "max staleness"])
+    for r in runs:
+        table.add(r["label"], f"{r['final_val_loss']:.4f}", f"{r['train_s']:.1f}",
+                  f"{r['train_s'] / native['train_s']:.2f}",
+                  f"{r['idle_s'].get('refresh_wait', 0.0):.2f}", f"{r['spike']:.2f}",
+                  f"{r['p99_ms']:.0f}", r["staleness_max"])
+    background = runs[1:]
+    best = min(background, key=lambda r: r["train_s"])
+    result.quote("staleness_best_wallclock", [best["label"].split()[-1],
+                                              best["train_s"] / native["train_s"],
+                                              best["final_val_loss"] - native["final_val_loss"]],
+                 "staleness sweep: the fastest bound ({value[0]}) trains in {value[1]:.2f}x "
+                 "native SOAP's wall-clock, val loss {value[2]:+.4f} against native's")
+    for r in background:
+        if r["staleness_max"] > int(r["label"].split("=")[-1]):
+            result.findings.append(f"{r['label']}: staleness reached {r['staleness_max']}, "
+                                   "over its bound.")
+    waited = [r for r in background if r["idle_s"].get("refresh_wait", 0.0) > 0.05 * r["train_s"]]
+    if waited:
+        result.findings.append(
+            "Bounds where the step waited for the refresh more than 5% of the run: " +
+            ", ".join(f"{r['label'].split()[-1]} ({r['idle_s']['refresh_wait']:.1f} s)"
+                      for r in waited) + ": the bound is shorter than a round takes on the "
+            "worker, so training waits at it.")
+    xs = [0, *BOUNDS]
+    result.plots.append(xy_plot(
+        [("final val loss", xs, [r["final_val_loss"] for r in runs])],
+        opts.out_dir / "staleness-loss.png", title=f"final validation loss against S "
+        f"({steps} steps; S = 0: native)", xlabel="staleness bound S (steps)",
+        ylabel="validation loss (measured)"))
+    result.plots.append(xy_plot(
+        [("train s / native", xs, [r["train_s"] / native["train_s"] for r in runs]),
+         ("refresh wait / train s", xs,
+          [r["idle_s"].get("refresh_wait", 0.0) / r["train_s"] for r in runs])],
+        opts.out_dir / "staleness-time.png", title="wall-clock against S (S = 0: native)",
+        xlabel="staleness bound S (steps)", ylabel="ratio (measured)"))
+    result.save(opts.out_dir)
+    return result

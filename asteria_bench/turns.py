@@ -1,0 +1,199 @@
+"""Configurations that take turns on one machine, so its drift falls on all of them alike.
+
+Every configuration is built up front (same seed: same initial model and the same batches) and
+they train in turns of one refresh interval each. A turn opens at a refresh point (steps 11, 21,
+...), so a native refresh spike and a whole burst round fall inside one turn. The jobs that
+pacing releases at a turn's last boundary are held and released when the configuration's next
+turn starts, right before the step they would have run beside; a job released earlier and still
+running is waited for, and the wait is charged to the configuration's next step. So no
+configuration's background work lands in another's turn (asteria_bench/pausable.py).
+
+"Spike" is the median over turns of (slowest step / median step) within the turn: a refresh spike
+shows in every turn, while the machine's slower drift, which p99/p50 over a whole run also picks
+up (AdamW, with no refresh at all, is its floor), does not.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asteria_bench.options import BenchOptions, progress
+from asteria_bench.pausable import make_pausable
+from asteria_bench.results import percentile
+from asteria_core.cli import resolve_config
+from asteria_core.runtime import decay_groups
+from asteria_core.telemetry.records import StepRecord
+from asteria_core.train.trainer import Trainer
+
+INTERVAL = 10  # steps between refreshes, and the length of one turn
+
+# The model of the critical-path and staleness suites: a 3.3M-parameter GPT whose SOAP refresh
+# (every 10 steps) is a large share of a native step on a CPU.
+CPU_MODEL = ["--model.n_embd", "256", "--model.n_head", "4", "--model.n_layer", "4",
+             "--data.batch_size", "16", "--policy.refresh_interval", str(INTERVAL)]
+# On one CUDA device: ~100M parameters (85M in the blocks), bf16 autocast (gpu_check.sh).
+GPU_MODEL = ["--model.n_embd", "768", "--model.n_head", "12", "--model.n_layer", "12",
+             "--model.block_size", "512", "--data.batch_size", "32",
+             "--policy.refresh_interval", str(INTERVAL), "--train.device", "cuda",
+             "--optim.precond_block_size", "1024"]  # bf16 autocast: the CUDA default
+
+ADAMW = ["--optim.name", "adamw", "--optim.lr", "3e-3"]
+SOAP = ["--optim.name", "soap", "--optim.lr", "3e-3"]
+KL = ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
+NATIVE = ["--policy.workers", "0", "--policy.swap_delay", "0"]  # refresh inline at the step
+
+
+def asteria(bound: int, *, train_threads: int = 2, kind: str = "thread",
+            pace: bool = True, workers: int = 1, worker_threads: int = 1) -> list[str]:
+    """Asteria's refresh off the critical path with d = S = `bound`: a round's result is
+    swapped `bound` steps after its statistics, which lets pacing spread the round over
+    min(d, S, interval) steps."""
+    return ["--policy.workers", str(workers), "--policy.worker_threads", str(worker_threads),
+            "--policy.staleness_bound", str(bound), "--policy.swap_delay", str(bound),
+            "--train.threads", str(train_threads), "--policy.worker_kind", kind,
+            "--policy.pace", str(pace).lower()]
+
+
+OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
+
+
+@dataclass
+class Config:
+    """One configuration: a label, its config overrides, and (for a peer) its optimizer."""
+
+    label: str
+    args: list[str]
+    family: str  # "adamw", "soap", "kl_shampoo", "shampoo": what it is compared with
+    peer: str | None = None  # the peer's name (asteria_bench/peers.py), None for ours
+
+
+@dataclass
+class Contender:
+    """One configuration's run, trained a turn at a time."""
+
+    config: Config
+    trainer: Trainer
+    threads: int
+    records: list[StepRecord] = field(default_factory=list)
+    charge: float = 0.0
+    """Seconds waited at the end of the last turn for refreshes already handed to the workers;
+    added to the next step, where they would have run."""
+
+    def turn(self, steps: int) -> None:
+        torch.set_num_threads(self.threads)
+        engine = self.trainer.runtime.refresh
+        if engine is not None:
+            engine.defer_releases(False)  # what the last turn's last boundary released goes now
+        for i in range(steps):
+            if engine is not None and i == steps - 1:
+                engine.defer_releases(True)  # this turn's last boundary releases at the next
+            self.trainer.train_step()
+            record = self.trainer.runtime.end_step()  # telemetry adds the idle (wait) figures
+            record.step_seconds += self.charge
+            self.charge = 0.0
+            self.records.append(record)
+        if engine is not None:
+            self.charge = engine.wait_released()
+
+
+def peer_factory(name: str, args: list[str], model_args: list[str]) -> OptimizerFactory:
+    """The peer's optimizer with our config's hyperparameters, on our decay groups."""
+    from asteria_bench import peers
+
+    probe = resolve_config(None, [*model_args, *args])
+    optim, policy = probe.optim, probe.policy
+
+    def build(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return peers.build_peer(
+            name, decay_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas,
+            eps=optim.eps, weight_decay=optim.weight_decay,
+            refresh_interval=policy.refresh_interval, max_precond_dim=optim.max_precond_dim,
+            shampoo_beta=optim.shampoo_beta)
+
+    return build
+
+
+def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> Contender:
+    run = resolve_config(None, [*model_args, "--train.steps", str(steps), "--train.out_dir",
+                                str(out_dir), "--telemetry.model_cpu_watts", "15",
+                                *config.args])
+    threads = run.train.threads or 2
+    torch.set_num_threads(threads)
+    factory = peer_factory(config.peer, config.args, model_args) if config.peer else None
+    trainer = Trainer(run, jsonl=False, optimizer_factory=factory)
+    make_pausable(trainer.runtime)
+    return Contender(config, trainer, threads)
+
+
+def summary(c: Contender) -> dict[str, Any]:
+    """Step-time figures over the steps after the first turn (which holds every variant's
+    first eigendecompositions), the run's idle by cause, the final validation loss, and every
+    raw step time and training loss."""
+    torch.set_num_threads(c.threads)
+    val_loss = c.trainer.evaluate()
+    c.trainer.close()
+    records = c.records
+    steady = [r.step_seconds for r in records[INTERVAL:]] or [r.step_seconds for r in records]
+    ranked = sorted(steady)
+    turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]
+    idle: dict[str, float] = {}
+    for r in records:
+        for cause, seconds in (r.timing.idle_seconds if r.timing else {}).items():
+            idle[cause] = idle.get(cause, 0.0) + seconds
+    return {
+        "label": c.config.label, "family": c.config.family, "peer": c.config.peer,
+        "args": c.config.args, "params": c.trainer.model_params, "threads": c.threads,
+        "train_s": sum(r.step_seconds for r in records),
+        "p50_ms": 1e3 * percentile(ranked, 0.5), "p90_ms": 1e3 * percentile(ranked, 0.9),
+        "p99_ms": 1e3 * percentile(ranked, 0.99), "max_ms": 1e3 * ranked[-1],
+        "mean_ms": 1e3 * statistics.fmean(steady),
+        "spike": statistics.median(max(t) / statistics.median(t) for t in turns),
+        "idle_s": idle,
+        "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh), default=0),
+        "final_val_loss": val_loss,
+        "step_ms": [1e3 * r.step_seconds for r in records],
+        "loss": [r.loss for r in records],
+    }
+
+
+def round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
+                model_args: list[str]) -> list[dict[str, Any]]:
+    contenders = [build(cfg, steps, out_dir / f"config{i}", model_args)
+                  for i, cfg in enumerate(configs)]
+    turns = -(-steps // INTERVAL)
+    bars = {id(c): progress(steps, c.config.label[:40], opts) for c in contenders}
+    try:
+        for k in range(turns):
+            for c in contenders:
+                n = min(INTERVAL, steps - k * INTERVAL)
+                c.turn(n)
+                bars[id(c)].update(n)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    return [summary(c) for c in contenders]
+
+
+def time_to_loss(run: dict[str, Any], target: float) -> tuple[int | None, float | None]:
+    """(steps, seconds of training) until the mean training loss of a turn first reaches
+    `target`; the configurations see the same batches, so their turn means compare. None where
+    it never does."""
+    seconds = 0.0
+    for start in range(0, len(run["loss"]), INTERVAL):
+        window = [x for x in run["loss"][start:start + INTERVAL] if x is not None]
+        seconds += sum(run["step_ms"][start:start + INTERVAL]) / 1e3
+        if window and statistics.fmean(window) <= target:
+            return start + len(window), seconds
+    return None, None
+
+
+def final_turn_loss(run: dict[str, Any]) -> float:
+    """The mean training loss of the last turn."""
+    last = [x for x in run["loss"][-INTERVAL:] if x is not None]
+    return statistics.fmean(last)
