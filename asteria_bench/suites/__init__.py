@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-SUITES = ("optimizers", "critical-path", "staleness", "tiers", "serving", "distributed")
+SUITES = ("optimizers", "critical-path", "staleness", "runtime", "tiers", "serving",
+          "distributed")
 
 
 def load(name: str) -> ModuleType:

@@ -1,0 +1,105 @@
+"""The README's performance section and docs/benchmarks.md say what the suites' JSON says.
+
+Both are rendered by asteria_bench/report.py from docs/benchmarks/*.json; a hand edit of either,
+or a JSON file rerun without rendering again, fails here (`asteria bench --report-only` renders
+them again).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from asteria_bench import report, results
+from asteria_bench.results import SuiteResult
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = Path("docs/benchmarks")
+REPORT = Path("docs/benchmarks.md")
+NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    found = results.load(ROOT / OUT)
+    assert found, f"no suite results in {OUT}: run `asteria bench all`"
+    return found
+
+
+def test_the_readme_section_is_rendered_from_the_json(committed):
+    section = report.current_section((ROOT / "README.md").read_text())
+    assert section is not None, f"README.md has no section between {report.BEGIN!r} and END"
+    expected = report.render_readme_section(committed, OUT, REPORT)
+    assert section == expected, "README's performance section differs from the JSON: run " \
+                                "`asteria bench --report-only`"
+
+
+def test_the_report_is_rendered_from_the_json(committed):
+    expected = report.render_report(committed, ROOT / OUT, ROOT / REPORT)
+    assert (ROOT / REPORT).read_text() == expected, \
+        f"{REPORT} differs from the JSON: run `asteria bench --report-only`"
+
+
+def test_every_number_in_the_readme_section_is_one_of_the_json(committed):
+    section = report.current_section((ROOT / "README.md").read_text())
+    assert section is not None
+    sources = json.dumps(committed) + " ".join(
+        report.headline_sentence(f) for d in committed.values() for f in d["headline"].values())
+    prose = re.sub(r"\([^)]*\.(?:json|png|md)\)", "", section)  # link targets carry no figures
+    missing = [n for n in NUMBER.findall(prose) if n not in sources]
+    assert not missing, f"numbers in the README's section found in no JSON file: {missing}"
+
+
+def test_the_suites_state_their_machine_commit_and_raw_step_times(committed):
+    for name, data in committed.items():
+        assert data["machine"]["cores"] >= 1 and data["machine"]["torch"], name
+        assert data["git"]["commit"], name
+        assert data["runs"], f"{name} has no raw runs"
+
+
+def test_a_figure_changed_in_the_json_is_caught(tmp_path, committed):
+    out = tmp_path / "benchmarks"
+    shutil.copytree(ROOT / OUT, out, ignore=shutil.ignore_patterns("*.png"))
+    name, data = next((n, d) for n, d in committed.items() if d["headline"])
+    key = next(iter(data["headline"]))
+    data = json.loads((out / f"{name}.json").read_text())
+    value = data["headline"][key]["value"]
+    data["headline"][key]["value"] = [v * 3 + 1 if isinstance(v, (int, float)) else v
+                                      for v in value] if isinstance(value, list) else value * 3 + 1
+    (out / f"{name}.json").write_text(json.dumps(data))
+    changed = report.render_readme_section(results.load(out), OUT, REPORT)
+    assert changed != report.current_section((ROOT / "README.md").read_text())
+
+
+def test_write_renders_tables_plots_findings_and_the_readme_section(tmp_path):
+    out = tmp_path / "benchmarks"
+    suite = SuiteResult("critical-path", "Critical path", quick=True, command="asteria bench x")
+    table = suite.table("Step time", ["configuration", "p50 ms"], note="a note")
+    table.add("AdamW", "12")
+    suite.plots.append({"file": "steps.png", "caption": "step time per step"})
+    suite.quote("spike", [1.2, 2.8], "spikes {value[0]:.2f}x against {value[1]:.2f}x")
+    suite.findings.append("Asteria is smoother.")
+    suite.runs.append({"label": "AdamW", "step_ms": [12.0]})
+    suite.save(out)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
+    written = report.write(out, tmp_path / "docs" / "benchmarks.md", readme)
+    assert written == [tmp_path / "docs" / "benchmarks.md", readme]
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n\n") and text.endswith("\n\nafter\n")
+    assert "old" not in text and "spikes 1.20x against 2.80x" in text
+    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    for expected in ("| AdamW | 12 |", "a note", "![step time per step](../benchmarks/steps.png)",
+                     "- Asteria is smoother.", "[critical-path.json](../benchmarks/"
+                     "critical-path.json)"):
+        assert expected in page
+
+
+def test_a_headline_whose_format_does_not_fit_its_value_fails_when_quoted():
+    suite = SuiteResult("x", "x", quick=True, command="x")
+    with pytest.raises((ValueError, IndexError, TypeError)):
+        suite.quote("k", "text", "{value:.2f}")
