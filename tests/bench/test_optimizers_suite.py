@@ -1,0 +1,113 @@
+"""The optimizers suite of `asteria bench`: its pure parts, and one tiny run end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asteria_bench.options import BenchOptions
+from asteria_bench.suites import load
+from asteria_bench.suites import optimizers as suite
+
+TINY = suite.Sizes(
+    steps=6, eval_interval=3, eval_batches=1, adamw_lrs=(3e-3, 1e-2),
+    second_order_lrs=(1e-2,), configs=("adamw", "soap", "asteria_soap", "kl_shampoo"),
+    corpora=("default", "python-source"),
+    overrides=("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16",
+               "--model.block_size", "16", "--data.batch_size", "2",
+               "--optim.warmup_steps", "2"),
+    notes=("tiny: the test's size",))
+
+
+def options(tmp_path: Path, corpus: str | None = None) -> BenchOptions:
+    return BenchOptions(quick=True, out_dir=tmp_path / "out", corpus=corpus, device="cpu",
+                        peers=False, command="asteria bench optimizers --quick",
+                        progress=False)
+
+
+def curve(*points):
+    return [{"step": s, "val_loss": v, "wall_s": w, "energy_j": e} for s, v, w, e in points]
+
+
+def test_reach_interpolates_between_the_evaluations_around_the_crossing():
+    c = curve((0, 5.0, 0.0, 0.0), (10, 3.0, 2.0, 20.0), (20, 2.0, 4.0, 40.0),
+              (30, 1.5, 6.0, 60.0))
+    got = suite.reach(c, 2.5)  # halfway from step 10 (3.0) to step 20 (2.0)
+    assert got == pytest.approx({"step": 15.0, "wall_s": 3.0, "energy_j": 30.0})
+    assert suite.reach(c, 2.0) == pytest.approx({"step": 20.0, "wall_s": 4.0, "energy_j": 40.0})
+    assert suite.reach(c, 1.5)["step"] == pytest.approx(30.0)  # the final loss itself
+    assert suite.reach(c, 6.0)["step"] == 0  # at the start already
+    assert suite.reach(c, 1.0) is None  # never reached: None, not a number
+
+
+def test_reach_takes_the_first_crossing_of_a_curve_that_goes_back_up():
+    c = curve((0, 5.0, 0.0, None), (10, 2.0, 1.0, None), (20, 2.6, 2.0, None),
+              (30, 1.9, 3.0, None))
+    got = suite.reach(c, 2.5)
+    assert got["step"] == pytest.approx(0 + 10 * (5.0 - 2.5) / 3.0)
+    assert got["energy_j"] is None  # no energy source: none made up
+
+
+def test_ratio_and_efficiency():
+    assert suite.ratio(60, 100) == pytest.approx(0.6)
+    assert suite.ratio(None, 100) is None and suite.ratio(60, None) is None
+    assert suite.efficiency(5.5, 1.5, 200.0, 100.0) == pytest.approx(2.0)  # 4 / (200 / 100)
+    assert suite.efficiency(5.5, 1.5, None, 100.0) is None
+
+
+def test_corpus_validation_names_the_option(tmp_path):
+    with pytest.raises(ValueError, match="--corpus: .* does not exist"):
+        suite.check_corpus(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="--corpus: .* is not a file"):
+        suite.check_corpus(str(tmp_path))
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="--corpus: .* is empty"):
+        suite.check_corpus(str(tmp_path / "empty.txt"))
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
+    with pytest.raises(ValueError, match="--corpus: .* binary"):
+        suite.check_corpus(str(tmp_path / "blob.bin"))
+    (tmp_path / "ok.txt").write_text("some text\n" * 10)
+    assert suite.check_corpus(str(tmp_path / "ok.txt")) == tmp_path / "ok.txt"
+    with pytest.raises(ValueError, match="--corpus"):  # before anything trains
+        load("optimizers").run(options(tmp_path, corpus=str(tmp_path / "missing.txt")))
+    assert not (tmp_path / "out" / "optimizers.json").exists()
+
+
+def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "QUICK", TINY)
+    user = tmp_path / "mine.txt"
+    user.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    result = load("optimizers").run(options(tmp_path, corpus=str(user)))
+    data = json.loads((tmp_path / "out" / "optimizers.json").read_text())
+    assert data["suite"] == "optimizers" and data["quick"] is True
+    assert set(data["config"]["corpora"]) == {"default", "python-source", "user"}
+    assert data["config"]["lr_grid_skipped"] is False
+    # per corpus: 2 AdamW lrs, SOAP, Asteria-SOAP, KL-Shampoo
+    assert len(data["runs"]) == 3 * 5
+    for run in data["runs"]:
+        assert len(run["step_ms"]) == TINY.steps  # every raw step time
+        assert [p["step"] for p in run["curve"]] == [0, 3, 6]
+        assert run["energy_source"] == "model" and "estimate" in run["energy_label"]
+        assert all(p["energy_j"] >= 0 for p in run["curve"])
+        assert run["final_val_loss"] == run["curve"][-1]["val_loss"]
+        assert "steps_ratio" in run and "efficiency" in run
+    adamw = min((r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "adamw"),
+                key=lambda r: r["final_val_loss"])
+    assert adamw["tuned"] and adamw["steps_ratio"] == pytest.approx(1.0)
+    soap = next(r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "soap")
+    asteria = next(r for r in data["runs"]
+                   if r["corpus"] == "default" and r["family"] == "asteria_soap")
+    assert asteria["lr"] == soap["lr"]
+    assert len(data["tables"]) == 3
+    assert data["tables"][0]["columns"][:4] == ["optimizer", "lr", "tuned", "final val loss"]
+    for plot in data["plots"]:
+        assert (tmp_path / "out" / plot["file"]).is_file()
+    for key in ("soap_steps_ratio_default", "kl_shampoo_steps_ratio_default",
+                "soap_steps_ratio_python_source", "kl_shampoo_steps_ratio_python_source"):
+        entry = data["headline"][key]
+        entry["text"].format(value=entry["value"])
+    assert not any(k.endswith("_user") for k in data["headline"])
+    assert any("published anchors" in f for f in data["findings"])
+    assert result.headline == data["headline"]
