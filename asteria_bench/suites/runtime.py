@@ -120,7 +120,8 @@ def run(opts: BenchOptions) -> SuiteResult:
     config = ModelConfig()
     batch = 16
     result = SuiteResult("runtime", TITLE, opts.quick, opts.command,
-                         config={"model": dataclasses.asdict(config), "batch": [batch, config.block_size],
+                         config={"model": dataclasses.asdict(config),
+                                 "batch": [batch, config.block_size],
                                  "threads": THREADS, "steps_per_turn": steps,
                                  "rounds": rounds})
     tokens, _ = split_tokens(encode(load_corpus("")), 0.1, config.block_size)
