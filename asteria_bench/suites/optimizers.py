@@ -498,17 +498,20 @@ def headline(result: SuiteResult) -> None:
                              f"{name} reaches tuned AdamW's final validation loss in "
                              "{value:.2f}x AdamW's steps on " + where)
                 if family == "soap":
-                    measured.append(f"{r['steps_ratio']:.2f}x on {where}")
+                    measured.append(f"{r['steps_ratio']:.2f}x AdamW's steps "
+                                    f"({1 / r['steps_ratio']:.2f}x fewer) on {where}")
     params = next((r["params"] for r in result.runs), None)
     if measured and params:
         steps = result.runs[0]["steps"]
         tokens = steps * (result.runs[0]["tokens_per_step"] or 0)
+        lrs = result.config["adamw_lrs"]
+        tuning = f"AdamW at lr {_lr(lrs[0])} only (the grid skipped)" if len(lrs) == 1 else \
+            f"AdamW tuned over lr {', '.join(map(_lr, lrs))}"
         result.findings.append(
             f"Against the published anchors ({ANCHORS['soap_paper']}; {ANCHORS['independent']}):"
             f" SOAP needs {' and '.join(measured)} here. The setting differs: a "
             f"{params / 1e6:.2f}M-parameter byte-level GPT trained for {steps} steps (about "
-            f"{tokens / 1e6:.1f}M tokens, one seed, AdamW tuned over "
-            f"{len(result.config['adamw_lrs'])} lr(s)) against 100M-660M-parameter models "
+            f"{tokens / 1e6:.1f}M tokens, one seed, {tuning}) against 100M-660M-parameter models "
             "trained for billions of tokens. So short a run ends far from convergence, where a "
             "preconditioner's early lead weighs most, and a coarse lr grid may leave AdamW "
             "under-tuned; neither number predicts the other, and ours is not evidence for the "
