@@ -42,7 +42,7 @@ from asteria_core.cli import resolve_config
 from asteria_core.machine import MACHINE
 from asteria_core.runtime import decay_groups
 from asteria_core.telemetry.records import StepRecord
-from asteria_core.train.data import load_corpus
+from asteria_core.train.data import encode, load_corpus, split_tokens
 from asteria_core.train.trainer import Trainer
 
 TITLE = "Optimization quality: steps, wall-clock and energy to tuned AdamW's final loss"
@@ -166,6 +166,15 @@ def check_corpus(path: str) -> Path:
     return p
 
 
+def check_split(text: str, sizes: Sizes) -> None:
+    """The --corpus text is long enough for the model's training and validation splits."""
+    probe = resolve_config(None, list(sizes.overrides))
+    try:
+        split_tokens(encode(text), probe.data.val_fraction, probe.model.block_size)
+    except ValueError as err:
+        raise ValueError(f"--corpus: {err}".replace("data.corpus: ", "")) from None
+
+
 # ------------------------------------------------------------------------------ one run
 def _energy(record: StepRecord) -> tuple[str | None, float | None]:
     joules = record.energy.joules if record.energy is not None else {}
@@ -222,6 +231,8 @@ def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchO
     bar = progress(sizes.steps, f"{spec['label']} lr {_lr(spec['lr'])} [{spec['corpus']}]", opts)
     try:
         for step in range(1, sizes.steps + 1):
+            if trainer.runtime.stop_requested:  # e.g. refreshes failed past the limit
+                break
             cpu_before = eval_cpu  # the evaluations before this step's record reads the meter
             trainer.train_step()
             due = step % sizes.eval_interval == 0 or step == sizes.steps
@@ -252,6 +263,7 @@ def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchO
         "l_init": curve[0]["val_loss"], "final_val_loss": curve[-1]["val_loss"],
         "wall_s": wall, "energy_j": curve[-1]["energy_j"], "energy_source": source,
         "energy_label": ENERGY_LABELS.get(source, "not measured"),
+        "stopped_at": trainer.step if trainer.step < sizes.steps else None,
         "curve": curve, "step_ms": [1e3 * s for s in step_s],
         "step_ms_median": 1e3 * statistics.median(step_s),
         "train_losses": [r.loss for r in records],
@@ -311,6 +323,8 @@ def run(opts: BenchOptions) -> SuiteResult:
             corpora.append(("user", str(user_corpus), f"user ({user_corpus})"))
         for key, path, text in corpora:
             body = load_corpus(path)
+            if key == "user":
+                check_split(body, sizes)
             result.config["corpora"][key] = {"description": text, "bytes": len(body.encode()),
                                              "path": path or None}
         for key, path, _text in corpora:

@@ -68,6 +68,9 @@ def test_corpus_validation_names_the_option(tmp_path):
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
     with pytest.raises(ValueError, match="--corpus: .* binary"):
         suite.check_corpus(str(tmp_path / "blob.bin"))
+    (tmp_path / "short.txt").write_text("too short for a 128-token window\n")
+    with pytest.raises(ValueError, match="--corpus: the training split has .* use a larger corpus"):
+        load("optimizers").run(options(tmp_path, corpus=str(tmp_path / "short.txt")))
     (tmp_path / "ok.txt").write_text("some text\n" * 10)
     assert suite.check_corpus(str(tmp_path / "ok.txt")) == tmp_path / "ok.txt"
     with pytest.raises(ValueError, match="--corpus"):  # before anything trains
