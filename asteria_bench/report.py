@@ -17,6 +17,10 @@ from asteria_bench.suites import SUITES
 
 BEGIN = "<!-- asteria bench: begin (generated from docs/benchmarks/*.json; do not edit) -->"
 END = "<!-- asteria bench: end -->"
+# A suite's table quoted elsewhere in the README (e.g. the distributed section's): the block
+# between these names the suite and the table's index, and is rendered like the section.
+TABLE_BLOCK = re.compile(r"(<!-- asteria bench: table (?P<suite>[\w-]+) (?P<index>\d+) -->\n)"
+                         r"(?P<body>.*?)(\n<!-- asteria bench: end table -->)", re.S)
 
 
 def _ordered(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,6 +124,28 @@ def render_readme_section(found: dict[str, dict[str, Any]], out_dir: Path,
     return "\n".join([*lines, END])
 
 
+def render_table_block(found: dict[str, dict[str, Any]], suite: str, index: int,
+                       out_dir: Path) -> str:
+    data = found.get(suite)
+    if data is None or index >= len(data["tables"]):
+        return f"(no table {index} in {suite}.json: run `asteria bench {suite}`)"
+    json_path = (out_dir / f"{suite}.json").as_posix()
+    return "\n".join(_table(data["tables"][index])).rstrip() + \
+        f"\n\nMeasured by `{data['command']}` ({data['started'][:10]}; " \
+        f"[{suite}.json]({json_path}))."
+
+
+def render_readme(readme: str, found: dict[str, dict[str, Any]], out_dir: Path,
+                  report_path: Path) -> str | None:
+    """`readme` with its performance section and every table block rendered from `found`;
+    None where it has no performance section."""
+    text = replace_section(readme, render_readme_section(found, out_dir, report_path))
+    if text is None:
+        return None
+    return TABLE_BLOCK.sub(lambda m: m.group(1) + render_table_block(
+        found, m.group("suite"), int(m.group("index")), out_dir) + m.group(5), text)
+
+
 def replace_section(readme: str, section: str) -> str | None:
     """`readme` with its marked section replaced; None where it has no markers."""
     start, end = readme.find(BEGIN), readme.find(END)
@@ -144,8 +170,7 @@ def write(out_dir: Path, report_path: Path, readme_path: Path) -> list[Path]:
         report_path.write_text(render_report(found, out_dir, report_path))
         written.append(report_path)
     if readme_path.is_file():
-        text = replace_section(readme_path.read_text(),
-                               render_readme_section(found, out_dir, report_path))
+        text = render_readme(readme_path.read_text(), found, out_dir, report_path)
         if text is not None:
             readme_path.write_text(text)
             written.append(readme_path)

@@ -46,6 +46,7 @@ GPU_MODEL = ["--model.n_embd", "768", "--model.n_head", "12", "--model.n_layer",
 ADAMW = ["--optim.name", "adamw", "--optim.lr", "3e-3"]
 SOAP = ["--optim.name", "soap", "--optim.lr", "3e-3"]
 KL = ["--optim.name", "kl_shampoo", "--optim.lr", "1e-3"]
+SHAMPOO = ["--optim.name", "shampoo", "--optim.lr", "3e-3"]
 NATIVE = ["--policy.workers", "0", "--policy.swap_delay", "0"]  # refresh inline at the step
 
 

@@ -26,6 +26,7 @@ from asteria_bench.turns import (
     INTERVAL,
     KL,
     NATIVE,
+    SHAMPOO,
     SOAP,
     Config,
     asteria,
@@ -39,6 +40,8 @@ STEPS = {"quick": 50, "full": 200}
 
 
 def configs(opts: BenchOptions) -> list[Config]:
+    """Ours, then the peers: SOAP's always, KL-Shampoo's and Shampoo's in the full run (with
+    our Shampoo beside a Shampoo peer). A peer runs at our lr for its family, refresh inline."""
     background = asteria(INTERVAL)
     if opts.device == "cuda":
         background = asteria(INTERVAL, workers=2, worker_threads=2)
@@ -49,13 +52,19 @@ def configs(opts: BenchOptions) -> list[Config]:
         Config("native KL-Shampoo", KL + NATIVE, "kl_shampoo"),
         Config("Asteria-KL-Shampoo", KL + background, "kl_shampoo"),
     ]
-    if opts.peers:
-        from asteria_bench import peers
+    if not opts.peers:
+        return found
+    from asteria_bench import peers
 
-        for family, ours in (("soap", SOAP), ("kl_shampoo", KL), ("shampoo", None)):
-            for name in peers.available_peers(family):
-                args = ours if ours is not None else SOAP  # Shampoo peers at SOAP's lr
-                found.append(Config(peers.peer_label(name), args + NATIVE, family, peer=name))
+    families = {"soap": SOAP} if opts.quick else {"soap": SOAP, "kl_shampoo": KL,
+                                                   "shampoo": SHAMPOO}
+    for family, ours in families.items():
+        names = peers.available_peers(family)
+        if names and family == "shampoo":
+            found += [Config("native Shampoo", SHAMPOO + NATIVE, "shampoo"),
+                      Config("Asteria-Shampoo", SHAMPOO + background, "shampoo")]
+        found += [Config(peers.peer_label(name), ours + NATIVE, family, peer=name)
+                  for name in names]
     return found
 
 
@@ -116,7 +125,9 @@ def compare(result: SuiteResult, by_label: dict[str, dict[str, Any]]) -> None:
     Asteria-SOAP against every peer."""
     native, ours, kl_native, kl_ours = (by_label.get(k) for k in (
         "native SOAP", "Asteria-SOAP", "native KL-Shampoo", "Asteria-KL-Shampoo"))
-    for name, plain, background in (("SOAP", native, ours), ("KL-Shampoo", kl_native, kl_ours)):
+    for name, plain, background in (("SOAP", native, ours), ("KL-Shampoo", kl_native, kl_ours),
+                                    ("Shampoo", by_label.get("native Shampoo"),
+                                     by_label.get("Asteria-Shampoo"))):
         if plain and background:
             result.findings.append(
                 f"Asteria-{name} against native {name}: spike {background['spike']:.2f} vs "
@@ -127,6 +138,18 @@ def compare(result: SuiteResult, by_label: dict[str, dict[str, Any]]) -> None:
         result.quote("soap_spike", [ours["spike"], native["spike"]],
                      "refresh spikes: Asteria-SOAP's slowest step of a turn is {value[0]:.2f}x "
                      "the turn's median, native SOAP's {value[1]:.2f}x")
+    names = {"kl_shampoo": "KL-Shampoo", "shampoo": "Shampoo"}
+    for peer in (r for r in by_label.values() if r["peer"] and r["family"] in names):
+        name = names[peer["family"]]
+        plain, background = by_label.get(f"native {name}"), by_label.get(f"Asteria-{name}")
+        if plain and background:
+            result.findings.append(
+                f"{peer['label']}: p50 / p99 / mean {peer['p50_ms']:.0f} / {peer['p99_ms']:.0f} "
+                f"/ {peer['mean_ms']:.0f} ms, val loss {peer['final_val_loss']:.4f}; native "
+                f"{name} {plain['p50_ms']:.0f} / {plain['p99_ms']:.0f} / {plain['mean_ms']:.0f}"
+                f" ms, {plain['final_val_loss']:.4f}; Asteria-{name} "
+                f"{background['p50_ms']:.0f} / {background['p99_ms']:.0f} / "
+                f"{background['mean_ms']:.0f} ms, {background['final_val_loss']:.4f}.")
     peers = [r for r in by_label.values() if r["peer"] and r["family"] == "soap"]
     if not (peers and native and ours):
         return

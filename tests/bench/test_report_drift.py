@@ -30,12 +30,13 @@ def committed() -> dict:
     return found
 
 
-def test_the_readme_section_is_rendered_from_the_json(committed):
-    section = report.current_section((ROOT / "README.md").read_text())
-    assert section is not None, f"README.md has no section between {report.BEGIN!r} and END"
-    expected = report.render_readme_section(committed, OUT, REPORT)
-    assert section == expected, "README's performance section differs from the JSON: run " \
-                                "`asteria bench --report-only`"
+def test_the_readme_section_and_tables_are_rendered_from_the_json(committed):
+    readme = (ROOT / "README.md").read_text()
+    assert report.current_section(readme) is not None, \
+        f"README.md has no section between {report.BEGIN!r} and its end marker"
+    expected = report.render_readme(readme, committed, OUT, REPORT)
+    assert readme == expected, "README's performance section or a quoted table differs from " \
+                               "the JSON: run `asteria bench --report-only`"
 
 
 def test_the_report_is_rendered_from_the_json(committed):
@@ -45,8 +46,10 @@ def test_the_report_is_rendered_from_the_json(committed):
 
 
 def test_every_number_in_the_readme_section_is_one_of_the_json(committed):
-    section = report.current_section((ROOT / "README.md").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = report.current_section(readme)
     assert section is not None
+    section += "".join(m.group("body") for m in report.TABLE_BLOCK.finditer(readme))
     sources = json.dumps(committed) + " ".join(
         report.headline_sentence(f) for d in committed.values() for f in d["headline"].values())
     prose = re.sub(r"\([^)]*\.(?:json|png|md)\)", "", section)  # link targets carry no figures
@@ -86,12 +89,16 @@ def test_write_renders_tables_plots_findings_and_the_readme_section(tmp_path):
     suite.runs.append({"label": "AdamW", "step_ms": [12.0]})
     suite.save(out)
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
+    block = "<!-- asteria bench: table critical-path 0 -->\nold table\n" \
+            "<!-- asteria bench: end table -->"
+    readme.write_text(f"# x\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\n{block}\nafter\n")
     written = report.write(out, tmp_path / "docs" / "benchmarks.md", readme)
     assert written == [tmp_path / "docs" / "benchmarks.md", readme]
     text = readme.read_text()
-    assert text.startswith("# x\n\nbefore\n\n") and text.endswith("\n\nafter\n")
+    assert text.startswith("# x\n\nbefore\n\n") and text.endswith("end table -->\nafter\n")
     assert "old" not in text and "spikes 1.20x against 2.80x" in text
+    assert "<!-- asteria bench: table critical-path 0 -->\n**Step time**" in text
+    assert "| AdamW | 12 |" in text and "Measured by `asteria bench x`" in text
     page = (tmp_path / "docs" / "benchmarks.md").read_text()
     for expected in ("| AdamW | 12 |", "a note", "![step time per step](../benchmarks/steps.png)",
                      "- Asteria is smoother.", "[critical-path.json](../benchmarks/"
