@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asteria_core.telemetry.core import Telemetry
 from asteria_core.telemetry.config import TelemetryConfig
+from asteria_core.telemetry.core import Telemetry
 from asteria_core.train.trainer import Trainer
 from tests.conftest import tiny_config
 

@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from asteria_core.train import checkpoint as ckpt
 from asteria_core.telemetry.timing import PHASES
+from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.trainer import Trainer
 
 
