@@ -222,7 +222,7 @@ def telemetry_overhead(sizes: Sizes, opts: BenchOptions, result: SuiteResult) ->
 
 # ----------------------------------------------------------------------------- control plane
 def start_server(port: int, data_dir: str, layout: str, sizes: Sizes, device: str,
-                 cpus: list[int]) -> subprocess.Popen:
+                 cpus: list[int], log) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "backend.cli", "serve", "--no-banner", "--port", str(port),
            "--data-dir", data_dir, "--train.steps", "1000000", "--train.threads", "1",
            "--train.eval_interval", "100000", "--train.device", device, *sizes.server_args]
@@ -231,8 +231,10 @@ def start_server(port: int, data_dir: str, layout: str, sizes: Sizes, device: st
             cmd = ["taskset", "-c", str(cpus[1]), *cmd, "--train.cpus", str(cpus[0])]
         else:
             cmd = ["taskset", "-c", str(cpus[0]), *cmd]
+    # Its output goes to a file: a pipe nobody reads while the clients run would fill and stall
+    # the server.
     return subprocess.Popen(cmd, env={**os.environ, "ASTERIA_TOKEN": TOKEN}, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=log, stderr=subprocess.STDOUT)
 
 
 async def poller(client, run_id: str, stop: asyncio.Event, latencies: list[float]) -> None:
@@ -321,18 +323,21 @@ def control_plane(layout: str, sizes: Sizes, opts: BenchOptions, result: SuiteRe
     cpus = sorted(os.sched_getaffinity(0))
     affinity = os.sched_getaffinity(0)
     quiet, loaded, latencies, events, loaded_seconds = [], [], [], 0, 0.0
-    with tempfile.TemporaryDirectory(prefix="asteria-bench-serve-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="asteria-bench-serve-") as tmp, \
+            open(Path(tmp) / "serve.log", "w+b") as log:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        proc = start_server(port, tmp, layout, sizes, opts.device, cpus)
+        proc = start_server(port, str(Path(tmp) / "data"), layout, sizes, opts.device, cpus,
+                            log)
         try:
             if len(cpus) >= 2:  # this load generator beside the server's threads
                 os.sched_setaffinity(0, {cpus[1]})
             deadline = time.time() + 120
             while True:
                 if proc.poll() is not None:
+                    log.seek(0)
                     raise RuntimeError(f"asteria serve exited {proc.returncode}:\n"
-                                       f"{proc.stderr.read()[-3000:]}")
+                                       f"{log.read()[-3000:].decode(errors='replace')}")
                 try:
                     run_id = httpx.get(f"{base}/healthz", timeout=5).json()["active_run"]
                     if run_id:
