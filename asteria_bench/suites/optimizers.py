@@ -259,6 +259,9 @@ def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchO
     return {
         **spec, "optimizer": name, "params": trainer.model_params, "steps": sizes.steps,
         "tokens_per_step": records[0].tokens if records else None, "torch_threads": threads,
+        "policy": {"workers": config.policy.workers, "worker_kind": config.policy.worker_kind,
+                   "swap_delay": config.policy.delay,
+                   "refresh_interval": config.policy.refresh_interval},
         "run_s": time.perf_counter() - t0, "eval_cpu_s": eval_cpu,
         "l_init": curve[0]["val_loss"], "final_val_loss": curve[-1]["val_loss"],
         "wall_s": wall, "energy_j": curve[-1]["energy_j"], "energy_source": source,
@@ -388,6 +391,7 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
         got = r["to_target"] or {}
         r["steps_ratio"] = ratio(got.get("step"), base and base["step"])
         r["wall_ratio"] = ratio(got.get("wall_s"), base and base["wall_s"])
+        r["energy_to_target_ratio"] = ratio(got.get("energy_j"), base and base["energy_j"])
         r["energy_ratio"] = ratio(r["energy_j"], adamw["energy_j"])
         r["efficiency"] = efficiency(r["l_init"], r["final_val_loss"], r["energy_j"],
                                      adamw["energy_j"])
@@ -398,19 +402,21 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
         f"{adamw['steps']} steps",
         ["optimizer", "lr", "tuned", "final val loss", "steps to AdamW's loss",
          "steps vs AdamW", "wall-clock to target s", "wall-clock vs AdamW", "train wall-clock s",
-         "energy J", "efficiency"],
+         "energy to target J", "energy to target vs AdamW", "energy J", "efficiency"],
         note=f"Target: tuned AdamW's final validation loss {target:.4f} (lr {_lr(adamw['lr'])}). "
              "Steps and seconds to it: the first evaluation at or below it, interpolated "
              "linearly with the evaluation before; '-' means never reached. 'vs AdamW': this "
              "run's figure over tuned AdamW's (below 1: fewer). Wall-clock: training steps only, "
              f"on a shared machine. Energy: {source}. Efficiency: (L_init - L_final) / "
-             "(E / E_AdamW), in loss units (AdamW's own is its loss reduction).")
+             "(E / E_AdamW) with E the whole run's energy (every run trains the same steps), "
+             "in loss units (AdamW's own is its loss reduction).")
     for r in runs:
         got = r["to_target"] or {}
         table.add(r["label"], _lr(r["lr"]), "yes" if r["tuned"] else "",
                   f"{r['final_val_loss']:.4f}", _fmt(got.get("step"), ".0f"),
                   _fmt(r["steps_ratio"], ".2f"), _fmt(got.get("wall_s"), ".1f"),
                   _fmt(r["wall_ratio"], ".2f"), f"{r['wall_s']:.1f}",
+                  _fmt(got.get("energy_j"), ".0f"), _fmt(r["energy_to_target_ratio"], ".2f"),
                   _fmt(r["energy_j"], ".0f"), _fmt(r["efficiency"], ".3f"))
     result.plots.append(plot_corpus(runs, key, desc, target, out_dir))
     findings_corpus(result, key, desc, runs, adamw)
@@ -482,9 +488,44 @@ def findings_corpus(result: SuiteResult, key: str, desc: str, runs: list[dict[st
             f"loss at step {got['step']:.0f}: {steps_ratio:.2f}x AdamW's steps ({fewer}), and "
             f"{got['wall_s']:.0f} s of training: {_fmt(wall_ratio, '.2f')}x AdamW's wall-clock "
             f"(median step {r['step_ms_median']:.0f} ms against AdamW's "
-            f"{adamw['step_ms_median']:.0f} ms); it ends at {r['final_val_loss']:.4f}, "
+            f"{adamw['step_ms_median']:.0f} ms), {_fmt(got['energy_j'], '.0f')} J: "
+            f"{_fmt(r['energy_to_target_ratio'], '.2f')}x AdamW's energy to the target; it ends "
+            f"at {r['final_val_loss']:.4f}, "
             f"energy-normalised efficiency {_fmt(r['efficiency'], '.3f')} against AdamW's "
             f"{_fmt(adamw['efficiency'], '.3f')} ({r['energy_label']}).")
+    grid_findings(result, key, runs)
+    native, ours = best_of(runs, "soap"), best_of(runs, "asteria_soap")
+    if native and ours:
+        reached = [f"step {x['to_target']['step']:.0f}" if x["to_target"] else "never"
+                   for x in (native, ours)]
+        cores = len(os.sched_getaffinity(0))
+        shares = "shares the training's cores" if \
+            ours["torch_threads"] + ours["policy"]["workers"] > cores else \
+            "has a core of its own"
+        result.findings.append(
+            f"On the {key} corpus, Asteria-SOAP (refresh on {ours['policy']['workers']} host "
+            f"worker {ours['policy']['worker_kind']}, swap delay "
+            f"{ours['policy']['swap_delay']}) against native SOAP at the same lr "
+            f"{_lr(ours['lr'])}: final loss {ours['final_val_loss']:.4f} vs "
+            f"{native['final_val_loss']:.4f}, AdamW's loss reached: {reached[1]} "
+            f"vs {reached[0]}, median step {ours['step_ms_median']:.0f} vs "
+            f"{native['step_ms_median']:.0f} ms, training wall-clock {ours['wall_s']:.0f} vs "
+            f"{native['wall_s']:.0f} s (with {ours['torch_threads']} training threads on "
+            f"{cores} cores, the worker {shares}).")
+
+
+def grid_findings(result: SuiteResult, key: str, runs: list[dict[str, Any]]) -> None:
+    """Whether each tuned lr lies inside its grid, or at an edge (where a wider grid might win)."""
+    for family in dict.fromkeys(r["family"] for r in runs):
+        lrs = sorted(r["lr"] for r in runs if r["family"] == family)
+        best = best_of(runs, family)
+        if len(lrs) < 2 or best is None:
+            continue
+        where = "inside the grid, so bracketed" if lrs[0] < best["lr"] < lrs[-1] else \
+            "at the grid's edge, so a wider grid might find a better one"
+        result.findings.append(
+            f"On the {key} corpus, {best['label']}'s tuned lr {_lr(best['lr'])} of "
+            f"{{{', '.join(map(_lr, lrs))}}} is {where}.")
 
 
 def headline(result: SuiteResult) -> None:

@@ -113,4 +113,6 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
         entry["text"].format(value=entry["value"])
     assert not any(k.endswith("_user") for k in data["headline"])
     assert any("published anchors" in f for f in data["findings"])
+    assert any("against native SOAP at the same lr" in f for f in data["findings"])
+    assert any("AdamW's tuned lr" in f and "grid" in f for f in data["findings"])
     assert result.headline == data["headline"]
