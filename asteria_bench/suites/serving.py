@@ -459,6 +459,7 @@ def plot(result: SuiteResult, tel: dict, api: dict, opts: BenchOptions) -> None:
     blocks = range(1, len(tel["pairs"]) + 1)
     ax1.plot(blocks, [a * 1e3 for a, _ in tel["pairs"]], "o-", label="telemetry on + scrape")
     ax1.plot(blocks, [b * 1e3 for _, b in tel["pairs"]], "s-", label="telemetry off")
+    ax1.set_xticks(list(blocks))
     ax1.set_xlabel("block pair")
     ax1.set_ylabel("median step time (ms)")
     ax1.set_title("telemetry: alternating blocks")
