@@ -49,9 +49,12 @@ def power_qr_sorted(a_bb: torch.Tensor, q_bb: torch.Tensor,
     re-indexes the Adam second moment with the same perm (the reference behaviour at a swap).
     """
     a_bb, q_bb = a_bb.to(dtype), q_bb.to(dtype)
-    est_b = torch.diag(q_bb.T @ a_bb @ q_bb)
+    # One b^3 product serves both: diag(Q^T A Q)_j = <q_j, (A Q)_j>, and A Q[:, perm] is
+    # (A Q)[:, perm]. The reference writes three products (Q^T A Q, then A Q[:, perm]).
+    aq_bb = a_bb @ q_bb
+    est_b = torch.einsum("ij,ij->j", q_bb, aq_bb)
     perm_b = torch.argsort(est_b, descending=True)
-    q_new_bb, _ = torch.linalg.qr(a_bb @ q_bb[:, perm_b])
+    q_new_bb, _ = torch.linalg.qr(aq_bb[:, perm_b])
     return q_new_bb, perm_b
 
 

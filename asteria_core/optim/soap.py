@@ -4,17 +4,19 @@ Faithful to the reference implementation (nikhilvyas/SOAP, soap.py): same argume
 step order and refresh rule. Per parameter with gradient G (work shape; for a matrix G_mn):
 
     first call:  L_mm, R_nn <- lerp(0, G G^T / G^T G, 1 - shampoo_beta); Q <- eigh; no update
-    later calls: m  <- b1 m + (1 - b1) G                  (original basis, see below)
-                 G' = Q_mm^T G Q_nn,  v <- b2 v + (1 - b2) G'^2   (v lives in the eigenbasis)
-                 U  = Q_mm (Q_mm^T m Q_nn / (sqrt(v) + eps)) Q_nn^T
+    later calls: G' = Q_mm^T G Q_nn
+                 m <- b1 m + (1 - b1) G',  v <- b2 v + (1 - b2) G'^2   (both in the eigenbasis)
+                 U  = Q_mm (m / (sqrt(v) + eps)) Q_nn^T
                  p <- p - lr * sqrt(1 - b2^t) / (1 - b1^t) * U;  p <- p - lr * wd * p
                  L, R <- lerp(L/R, G G^T / G^T G, 1 - shampoo_beta)      (after the update)
                  every precondition_frequency steps: refresh Q at the step boundary
 
-The reference stores m in the eigenbasis but round-trips it through the original basis at every
-step, so it always equals Q^T m Q for the original-basis EMA m; we keep m in the original basis
-(as Meta's Distributed Shampoo does): the same numbers up to rounding, two fewer projections per
-step, and a basis swap needs no first-moment rotation at all.
+The reference stores m in the eigenbasis and round-trips it through the original basis at every
+step (Q_new^T (Q_old m Q_old^T) Q_new, Q_new = Q_old between refreshes). We keep m in the
+eigenbasis and do that rotation only at a swap, along the swapped block (`_apply_refresh`): the
+same numbers up to rounding, and a step needs three pairs of products (G', U, the factors), not
+the four of a first moment kept in the original basis (projected every step) or the reference's
+five. A swap costs one b^3 product and one rotation of m along the block.
 
 Ours on top: `block_size` (block-diagonal factors, see layout.py), `refresh` (power_qr: the
 reference's sorted power iteration + QR, seeded by eigh at the first refresh; eigh: exact
@@ -37,17 +39,20 @@ import torch
 
 from asteria_core.optim.base import (
     BASES,
-    EXP_AVG,
     FACTORS,
     STEP,
     BlockPreconditioner,
     check_choice,
     check_range,
 )
-from asteria_core.optim.layout import Layout, dim_outer, from_basis, to_basis
-from asteria_core.optim.seam import BlockKey, RefreshConfig
+from asteria_core.optim.layout import Layout, dim_outer, from_basis, map_chunk, to_basis
+from asteria_core.optim.seam import BlockKey, RefreshConfig, RefreshResult
 
 EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
+# First moment, eigenbasis coordinates, work shape. Not base.EXP_AVG (original basis, as Shampoo
+# and KL-Shampoo keep it): a checkpoint from before the change fails loudly instead of loading
+# original-basis values as eigenbasis ones.
+EXP_AVG_E = "exp_avg_eigen"
 
 
 class SOAP(BlockPreconditioner):
@@ -105,7 +110,7 @@ class SOAP(BlockPreconditioner):
         shampoo_beta = group["shampoo_beta"] if group["shampoo_beta"] >= 0 else beta2
         if STEP not in state:
             state[STEP] = 0
-            state[EXP_AVG] = torch.zeros_like(grad)
+            state[EXP_AVG_E] = torch.zeros_like(grad)
             state[EXP_AVG_SQ] = torch.zeros_like(grad)
             self._init_blocks(state, layout, grad)
             self._update_factors(grad, state[FACTORS], layout, shampoo_beta)
@@ -114,17 +119,17 @@ class SOAP(BlockPreconditioner):
             return True
         state[STEP] += 1
         step = state[STEP]
-        exp_avg, exp_avg_sq, bases = state[EXP_AVG], state[EXP_AVG_SQ], state[BASES]
+        exp_avg_e, exp_avg_sq, bases = state[EXP_AVG_E], state[EXP_AVG_SQ], state[BASES]
 
         grad_e = to_basis(grad, bases)  # G' = Q_mm^T G Q_nn
-        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        exp_avg_e.mul_(beta1).add_(grad_e, alpha=1.0 - beta1)
         exp_avg_sq.mul_(beta2).add_(grad_e.square(), alpha=1.0 - beta2)
         denom = exp_avg_sq.sqrt().add_(group["eps"])
 
         step_size = group["lr"]
         if group["correct_bias"]:
             step_size = step_size * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        update = from_basis(to_basis(exp_avg, bases) / denom, bases)
+        update = from_basis(exp_avg_e / denom, bases)
         if group["normalize_grads"]:
             update = update / (1e-30 + torch.mean(update**2) ** 0.5)
         p.add_(update.reshape(p.shape), alpha=-step_size)
@@ -147,3 +152,17 @@ class SOAP(BlockPreconditioner):
     def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
         self._install(key.param, state, EXP_AVG_SQ,
                       self._swap_along_dim(state[EXP_AVG_SQ], layout, key, perm_b, p_bb))
+
+    def _apply_refresh(self, key: BlockKey, result: RefreshResult, state: dict,
+                       layout: Layout) -> None:
+        """The swap, then the first moment's rotation along the block's chunk: new coordinate
+        j is <q_new_j, sum_i m_i q_old_i>, i.e. m <- m (Q_old^T Q_new) along that dim (exact
+        for any pair of bases, so a late or stale result rotates correctly too)."""
+        old_bb = state[BASES][key.dim][key.chunk]
+        if not self._owns(key.param):
+            old_bb = old_bb.clone()  # a runtime buffer: the swap overwrites it in place
+        super()._apply_refresh(key, result, state, layout)
+        rotation_bb = old_bb.T @ state[BASES][key.dim][key.chunk]
+        self._install(key.param, state, EXP_AVG_E,
+                      map_chunk(state[EXP_AVG_E], key.dim, layout.chunks[key.dim], key.chunk,
+                                rotation_bb))
