@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asteria_bench import peers  # noqa: E402
+from asteria_bench.pausable import make_pausable  # noqa: E402
 from asteria_bench.turns import (  # noqa: E402  # noqa: E402
     ADAMW,
     CPU_MODEL,
@@ -117,8 +118,9 @@ def main() -> None:
             run = resolve_config(None, [*CPU_MODEL, "--train.steps", str(args.steps),
                                         "--train.out_dir", f"{tmp}/c{i}", *cfg.args])
             torch.set_num_threads(2)
-            contenders.append(Contender(cfg, Trainer(run, jsonl=False,
-                                                     optimizer_factory=factory), 2))
+            trainer = Trainer(run, jsonl=False, optimizer_factory=factory)
+            make_pausable(trainer.runtime)  # the turns hold and release refresh jobs
+            contenders.append(Contender(cfg, trainer, 2))
         for k in range(-(-args.steps // INTERVAL)):
             for c in contenders:
                 c.turn(min(INTERVAL, args.steps - k * INTERVAL))
