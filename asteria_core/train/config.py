@@ -145,7 +145,8 @@ class DataConfig:
 
     corpus: str = ""
     """A text file or a folder of text files; empty means the embedded default corpus
-    (the English documentation text that ships inside CPython: pydoc_data.topics)."""
+    (the English documentation text that ships inside CPython: pydoc_data.topics);
+    "python-source" is the second built-in one (15 CPython stdlib modules' source)."""
     val_fraction: float = 0.1
     """Share of the corpus held out for validation (the tail, so the split is deterministic)."""
     batch_size: int = 16
@@ -155,9 +156,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check(isinstance(self.corpus, str), "data.corpus", self.corpus, "a path (string)")
-        if self.corpus and not Path(self.corpus).expanduser().exists():
+        if self.corpus and self.corpus not in BUILTIN_CORPORA and \
+                not Path(self.corpus).expanduser().exists():
             raise ConfigError(f"data.corpus: path {self.corpus!r} does not exist; allowed: an "
-                              "existing text file or folder, or empty for the embedded corpus")
+                              "existing text file or folder, empty for the embedded corpus, or "
+                              f"a built-in one: {', '.join(BUILTIN_CORPORA)}")
         root = Path(self.corpus).expanduser()
         if self.corpus and root.is_file() and root.stat().st_size > max_corpus_bytes():
             raise ConfigError(f"data.corpus: {self.corpus!r} has {root.stat().st_size} bytes; "
@@ -168,6 +171,9 @@ class DataConfig:
 
 
 DEVICES = ("auto", "cpu", "cuda")
+# The corpora built in beside the default (asteria_core/train/data.py's NAMED_CORPORA): a name
+# here is taken where no such path exists.
+BUILTIN_CORPORA = ("python-source",)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from asteria_core.train.data import (
     NAMED_CORPORA,
     PYTHON_SOURCE_MODULES,
@@ -28,3 +30,13 @@ def test_loaded_by_name_unless_a_path_has_that_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "python-source").write_text("a file of that name wins")
     assert load_corpus("python-source") == "a file of that name wins"
+
+
+def test_the_config_takes_every_built_in_name_and_only_those():
+    from asteria_core.train.config import BUILTIN_CORPORA, DataConfig
+    from asteria_core.validation import ConfigError
+
+    assert set(BUILTIN_CORPORA) == set(NAMED_CORPORA)
+    assert DataConfig(corpus="python-source").corpus == "python-source"
+    with pytest.raises(ConfigError, match="data.corpus: path 'python-sauce' does not exist"):
+        DataConfig(corpus="python-sauce")
