@@ -8,6 +8,11 @@ turn starts, right before the step they would have run beside; a job released ea
 running is waited for, and the wait is charged to the configuration's next step. So no
 configuration's background work lands in another's turn (asteria_bench/pausable.py).
 
+Step-time figures leave out the first WARMUP_TURNS turns (first-time costs: every block's first
+eigendecomposition, a peer's torch.compile); the time to a target loss counts those steps at the
+configuration's median step, so a one-off compilation does not decide it. A peer that fails (a
+compiler error, say) is dropped from the run with its error, and the others go on.
+
 "Spike" is the median over turns of (slowest step / median step) within the turn: a refresh spike
 shows in every turn, while the machine's slower drift, which p99/p50 over a whole run also picks
 up (AdamW, with no refresh at all, is its floor), does not.
@@ -32,6 +37,9 @@ from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.trainer import Trainer
 
 INTERVAL = 10  # steps between refreshes, and the length of one turn
+# Turns left out of the step-time figures: the first-time costs (every block's first
+# eigendecomposition, a peer's torch.compile at its first step and first refresh).
+WARMUP_TURNS = 2
 
 # The model of the critical-path and staleness suites: a 3.3M-parameter GPT whose SOAP refresh
 # (every 10 steps) is a large share of a native step on a CPU.
@@ -133,14 +141,14 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
 
 
 def summary(c: Contender) -> dict[str, Any]:
-    """Step-time figures over the steps after the first turn (which holds every variant's
-    first eigendecompositions), the run's idle by cause, the final validation loss, and every
-    raw step time and training loss."""
+    """Step-time figures over the steps after the warm-up turns (first-time costs), the run's
+    idle by cause, the final validation loss, and every raw step time and training loss."""
     torch.set_num_threads(c.threads)
     val_loss = c.trainer.evaluate()
     c.trainer.close()
     records = c.records
-    steady = [r.step_seconds for r in records[INTERVAL:]] or [r.step_seconds for r in records]
+    warmup = min(WARMUP_TURNS * INTERVAL, len(records) - INTERVAL)
+    steady = [r.step_seconds for r in records[max(warmup, 0):]]
     ranked = sorted(steady)
     turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]
     idle: dict[str, float] = {}
@@ -160,20 +168,34 @@ def summary(c: Contender) -> dict[str, Any]:
         "final_val_loss": val_loss,
         "step_ms": [1e3 * r.step_seconds for r in records],
         "loss": [r.loss for r in records],
+        "warmup_steps": max(warmup, 0),
     }
 
 
 def round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
-                model_args: list[str]) -> list[dict[str, Any]]:
+                model_args: list[str], failures: list[str] | None = None
+                ) -> list[dict[str, Any]]:
+    """Every configuration's summary; a peer that raises is dropped and its error appended to
+    `failures` (ours raise)."""
     contenders = [build(cfg, steps, out_dir / f"config{i}", model_args)
                   for i, cfg in enumerate(configs)]
     turns = -(-steps // INTERVAL)
     bars = {id(c): progress(steps, c.config.label[:40], opts) for c in contenders}
     try:
         for k in range(turns):
-            for c in contenders:
+            for c in list(contenders):
                 n = min(INTERVAL, steps - k * INTERVAL)
-                c.turn(n)
+                try:
+                    c.turn(n)
+                except Exception as err:  # a peer's compiler or kernel: not ours to fix here
+                    if c.config.peer is None or failures is None:
+                        raise
+                    first = (str(err).strip().splitlines() or [""])[0]
+                    failures.append(f"{c.config.label} failed at step {len(c.records) + 1} "
+                                    f"and was left out: {type(err).__name__}: {first}")
+                    contenders.remove(c)
+                    c.trainer.close()
+                    continue
                 bars[id(c)].update(n)
     finally:
         for bar in bars.values():
@@ -183,12 +205,14 @@ def round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOpt
 
 def time_to_loss(run: dict[str, Any], target: float) -> tuple[int | None, float | None]:
     """(steps, seconds of training) until the mean training loss of a turn first reaches
-    `target`; the configurations see the same batches, so their turn means compare. None where
-    it never does."""
+    `target`; the configurations see the same batches, so their turn means compare. Warm-up
+    steps count at the run's median step (run["p50_ms"]). None where it never does."""
+    warmup = run.get("warmup_steps", 0)
+    step_ms = [run["p50_ms"]] * warmup + run["step_ms"][warmup:]
     seconds = 0.0
     for start in range(0, len(run["loss"]), INTERVAL):
         window = [x for x in run["loss"][start:start + INTERVAL] if x is not None]
-        seconds += sum(run["step_ms"][start:start + INTERVAL]) / 1e3
+        seconds += sum(step_ms[start:start + INTERVAL]) / 1e3
         if window and statistics.fmean(window) <= target:
             return start + len(window), seconds
     return None, None

@@ -4,7 +4,7 @@ AdamW, native SOAP and KL-Shampoo (refresh inline at the step), Asteria-SOAP and
 Asteria-KL-Shampoo (refresh on one host worker, paced, d = S = 10), and the peers' SOAP (and
 Shampoo or KL-Shampoo where a peer ships one; the `peers` extra) train the same model from the
 same seed on the same batches, in turns of one refresh interval (asteria_bench/turns.py). Per
-configuration: step time p50/p90/p99/max/mean over the steps after the first turn, the spike
+configuration: step time p50/p90/p99/max/mean over the steps after the warm-up turns, the spike
 ratio, the optimizer's visible overhead (mean step over AdamW's), idle by cause, the final
 validation loss, and the training time until the mean training loss of a turn first reaches
 AdamW's last turn's (the same batches for all, so those means compare).
@@ -76,9 +76,11 @@ def run(opts: BenchOptions) -> SuiteResult:
                                  "model_args": model, "turn_steps": INTERVAL,
                                  "measured_steps": f"steps {INTERVAL + 1}..{steps}"})
     chosen = configs(opts)
+    failures: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = round_robin(chosen, steps, Path(tmp), opts, model)
+        runs = round_robin(chosen, steps, Path(tmp), opts, model, failures)
     result.runs = runs
+    result.findings += failures
     result.config["params"] = runs[0]["params"]
     report(result, runs)
     result.plots.append(step_time_plot(runs, opts.out_dir / "critical-path-steps.png",
@@ -99,12 +101,14 @@ def report(result: SuiteResult, runs: list[dict[str, Any]]) -> None:
     for r in runs:
         r["to_target_steps"], r["to_target_s"] = time_to_loss(r, target)
     table = result.table(
-        f"Step time ({runs[0]['params'] / 1e6:.1f}M parameters, steps after the first turn)",
+        f"Step time ({runs[0]['params'] / 1e6:.1f}M parameters, steps after the first "
+        f"{runs[0]['warmup_steps']})",
         ["configuration", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms", "spike",
          "overhead vs AdamW", "refresh wait s", "max staleness", "val loss",
          "train s to AdamW's loss"],
         note=f"Overhead: mean step over AdamW's minus 1. Target loss: AdamW's mean training "
-             f"loss over its last turn ({target:.4f}); time to it counts training steps only.")
+             f"loss over its last turn ({target:.4f}); time to it counts training steps only, "
+             f"the first {runs[0]['warmup_steps']} at the configuration's median step.")
     for r in runs:
         overhead = r["mean_ms"] / adamw["mean_ms"] - 1 if r is not adamw else None
         table.add(r["label"], _fmt(r["p50_ms"]), _fmt(r["p90_ms"]), _fmt(r["p99_ms"]),

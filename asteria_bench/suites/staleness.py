@@ -2,8 +2,9 @@
 
 Asteria-SOAP with d = S in {1, 2, 3, 5, 10} ({1, 5, 10} in the quick run; refresh on one host
 worker, paced) beside native SOAP (refresh inline, S = 0), the same model, seed and batches, in
-turns of one refresh interval (asteria_bench/turns.py). Per S: final validation loss, training wall-clock, the time waited at
-the bound (refresh_wait), the spike ratio and the largest staleness seen.
+turns of one refresh interval (asteria_bench/turns.py). Per S: final validation loss, training
+wall-clock, the time waited at the bound (refresh_wait), the spike ratio and the largest
+staleness seen.
 """
 
 from __future__ import annotations

@@ -66,11 +66,15 @@ def test_every_suite_has_a_title_and_a_run():
 
 
 def test_time_to_loss_counts_turns_until_their_mean_reaches_the_target():
-    run = {"loss": [5.0] * 10 + [3.0] * 10 + [2.0] * 10, "step_ms": [100.0] * 30}
+    run = {"loss": [5.0] * 10 + [3.0] * 10 + [2.0] * 10, "step_ms": [100.0] * 30,
+           "p50_ms": 100.0}
     assert turns.time_to_loss(run, 3.0) == (20, 2.0)
     assert turns.time_to_loss(run, 2.0) == (30, 3.0)
     assert turns.time_to_loss(run, 1.0) == (None, None)
     assert turns.final_turn_loss(run) == 2.0
+    # a one-off compilation in the warm-up counts at the median step
+    run.update(step_ms=[9000.0] + [100.0] * 29, warmup_steps=10)
+    assert turns.time_to_loss(run, 3.0) == (20, 2.0)
 
 
 def test_configurations_in_turns_see_the_same_batches_and_report_every_step(tmp_path):
@@ -99,7 +103,7 @@ def test_configurations_in_turns_see_the_same_batches_and_report_every_step(tmp_
 def test_the_critical_path_report_compares_against_adamw(tmp_path):
     runs = [dict(label=label, family=family, peer=None, p50_ms=p50, p90_ms=p50, p99_ms=p99,
                  max_ms=p99, mean_ms=p50, spike=spike, idle_s={"refresh_wait": 0.0},
-                 staleness_max=0, final_val_loss=2.0, params=1e6,
+                 staleness_max=0, final_val_loss=2.0, params=1e6, warmup_steps=0,
                  loss=[3.0] * 10 + [2.0] * 10, step_ms=[p50] * 20)
             for label, family, p50, p99, spike in (
                 ("AdamW", "adamw", 100, 110, 1.1), ("native SOAP", "soap", 200, 900, 3.0),
