@@ -29,9 +29,10 @@ def test_help_lists_every_command_in_order(capsys):
         cli.main(["--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: asteria [-h] {start,train,config,keys,serve} ...")
+    assert out.startswith("usage: asteria [-h] {start,train,config,keys,serve,bench} ...")
     assert "asteria serve --port 8000" in out
-    assert set(cli.COMMANDS) == {"start", "train", "config", "keys", "serve"}
+    assert set(cli.COMMANDS) == {"start", "train", "config", "keys", "serve", "bench"}
+    assert "asteria bench all --quick" in out
 
 
 @pytest.mark.parametrize("command", ["start", "serve"])
