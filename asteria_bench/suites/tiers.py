@@ -132,6 +132,11 @@ def summarize(result: SuiteResult, runs: dict[str, list[dict]], dds: list[dict],
     state_bytes = runs["memory"][0]["state_bytes"]
     rss = {m: med(r["peak_rss_bytes"] for r in rs) for m, rs in runs.items()}
     share = {m: rss[m] - rss["base"] for m in runs if m != "base"}
+    if share["memory"] <= 0:  # the state is lost in the RSS noise: no share to compare
+        raise RuntimeError(f"tiers: all-in-memory SOAP's peak RSS ({rss['memory']} B) is not "
+                           f"above the base process's ({rss['base']} B); the state "
+                           f"({state_bytes} B) is too small to measure: use more or larger "
+                           "layers")
     step = {m: med(r["step_seconds"] for r in rs) for m, rs in runs.items()}
     step_ratio = {m: med(t["step_seconds"] / b["step_seconds"]
                          for t, b in zip(rs, runs["memory"], strict=True))

@@ -51,9 +51,10 @@ def check_common(data: dict, suite: str, out_dir: Path) -> None:
 
 
 def test_tiers_suite_measures_every_budget_against_the_floor_and_dd(tmp_path, monkeypatch):
-    # 12 layers: the smallest budget's device share (10%) holds the largest parameter's state.
+    # 12 layers: the smallest budget's device share (10%) holds the largest parameter's state;
+    # 1024 x 256 each: the state (~40 MiB) stands out of the processes' RSS noise.
     monkeypatch.setattr(tiers, "QUICK", tiers.Sizes(
-        layers=12, rows=256, cols=128, block=32, batch=4, steps=2, threads=1, refresh=2,
+        layers=12, rows=1024, cols=256, block=32, batch=4, steps=2, threads=1, refresh=2,
         repeats=1, dd_mib=8))
     monkeypatch.setattr(tiers, "DISK_DIR", str(tmp_path))
     opts = options(tmp_path, "tiers")
