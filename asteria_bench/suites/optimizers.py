@@ -13,9 +13,9 @@ energy-normalised loss-reduction efficiency (L_init - L_final) / (E / E_AdamW).
 Configurations: AdamW (lr grid), native SOAP (refresh inline, swap delay 0: the reference),
 Asteria-SOAP (the runtime's defaults: refresh on one host worker thread, swap delay d = S = 10)
 at native SOAP's tuned lr, native Shampoo and native KL-Shampoo (lr grids), and with `peers`
-each installed peer SOAP (asteria_bench/peers.py) at native SOAP's tuned lr. Corpora: the
-default one (pydoc_data.topics, English), the built-in "python-source" one (Python code;
-asteria_core/train/data.py), and a file the user names (`--corpus PATH`).
+each installed peer SOAP (asteria_bench/peers.py; full run only) at native SOAP's tuned lr.
+Corpora: the default one (pydoc_data.topics, English), the built-in "python-source" one (Python
+code; asteria_core/train/data.py), and a file the user names (`--corpus PATH`).
 
 Energy comes from the step records' energy section: a measured source where one exists (nvml,
 rapl), otherwise the telemetry's model estimate (process CPU seconds, worker threads included,
@@ -275,7 +275,9 @@ def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchO
 
 # ------------------------------------------------------------------------------ the suite
 def _peer_names(opts: BenchOptions) -> list[str]:
-    if not opts.peers:
+    # The quick run leaves them to the critical-path suite (heavyball's compilation alone would
+    # take a minute of its budget).
+    if not opts.peers or opts.quick:
         return []
     try:
         from asteria_bench import peers

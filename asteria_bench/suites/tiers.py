@@ -3,7 +3,7 @@ files.
 
 A stack of linear layers (full: 28 x 4096x1024, SOAP state 0.94 GiB) is trained a few steps in
 separate subprocesses (`asteria_bench.suites.tiers_worker`), one per placement, so each
-process's ru_maxrss is that placement's peak alone. Each repeat runs every placement once, in
+process's peak RSS (VmHWM) is that placement's alone. Each repeat runs every placement once, in
 turn, so load drift on a shared machine falls on all of them alike:
   base        : the model, forward and backward only (no optimizer state): the RSS floor;
   memory      : SOAP with all state in memory (offload_mode none);

@@ -1,5 +1,5 @@
 """One process of the `tiers` suite: a stack of linear layers trained a few steps with one
-placement of its SOAP state, so ru_maxrss is that placement's peak RSS alone. Prints one JSON
+placement of its SOAP state, so its peak RSS (VmHWM) is that placement's alone. Prints one JSON
 line (the last line of stdout) with its figures.
 
     python -m asteria_bench.suites.tiers_worker --mode tiered --device-frac 0.1 --host-frac 0.15
@@ -20,6 +20,19 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS since its exec: VmHWM (Linux keeps ru_maxrss across execve, so a
+    worker started by a large parent would report the parent's peak)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        status = ""
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -69,7 +82,7 @@ def train(args: argparse.Namespace) -> dict:
             times.append(time.perf_counter() - t0)
     out = {"mode": args.mode, "device_frac": args.device_frac, "host_frac": args.host_frac,
            "state_bytes": state_total,
-           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "peak_rss_bytes": peak_rss_bytes(),
            "device_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
            "step_seconds": statistics.median(times), "step_times": times}
     if store is not None:
