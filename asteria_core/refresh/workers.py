@@ -4,7 +4,7 @@ Both pools take jobs through `submit`, in priority order (lower `priority` first
 `Job`s whose `done` event is set with a result or an error. Each worker runs one job at a time.
 torch's linear algebra releases the GIL, so threads run eighs beside the training step; processes
 additionally own their intra-op thread count and can be killed when a refresh hangs.
-`benchmarks/bench_refresh.py` measures both.
+`asteria bench critical-path` measures them against the inline refresh.
 """
 
 from __future__ import annotations
