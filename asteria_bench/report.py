@@ -117,7 +117,8 @@ def render_readme_section(found: dict[str, dict[str, Any]], out_dir: Path,
         figures = [headline_sentence(f) for f in d["headline"].values()]
         if not figures:
             continue
-        lines.append(f"- **{d['suite']}** ([{d['suite']}.json]({json_path})): " +
+        sizes = ", quick sizes" if d["quick"] else ""
+        lines.append(f"- **{d['suite']}** ([{d['suite']}.json]({json_path}){sizes}): " +
                      "; ".join(figures) + ".")
     plots = [(d, p) for d in suites for p in d["plots"]][:4]
     if plots:
