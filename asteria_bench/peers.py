@@ -174,3 +174,21 @@ def peer_label(name: str) -> str:
     except importlib.metadata.PackageNotFoundError:
         version = "(not installed)"
     return f"{spec.distribution} {version} {spec.title}"
+
+
+def factory_from_config(name: str, config) -> Callable[[torch.nn.Module], torch.optim.Optimizer]:
+    """Peer `name` with a run config's optim and policy settings (lr, betas, eps, weight decay,
+    refresh interval, max precond dim, shampoo beta) on the model's decay groups: what
+    `Trainer(optimizer_factory=...)` takes."""
+    from asteria_core.runtime import decay_groups
+
+    optim, policy = config.optim, config.policy
+
+    def build(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return build_peer(
+            name, decay_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas,
+            eps=optim.eps, weight_decay=optim.weight_decay,
+            refresh_interval=policy.refresh_interval, max_precond_dim=optim.max_precond_dim,
+            shampoo_beta=optim.shampoo_beta)
+
+    return build

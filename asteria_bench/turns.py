@@ -32,7 +32,6 @@ from asteria_bench.options import BenchOptions, progress
 from asteria_bench.pausable import make_pausable
 from asteria_bench.results import percentile
 from asteria_core.cli import resolve_config
-from asteria_core.runtime import decay_groups
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.trainer import Trainer
 
@@ -115,17 +114,7 @@ def peer_factory(name: str, args: list[str], model_args: list[str]) -> Optimizer
     """The peer's optimizer with our config's hyperparameters, on our decay groups."""
     from asteria_bench import peers
 
-    probe = resolve_config(None, [*model_args, *args])
-    optim, policy = probe.optim, probe.policy
-
-    def build(model: torch.nn.Module) -> torch.optim.Optimizer:
-        return peers.build_peer(
-            name, decay_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas,
-            eps=optim.eps, weight_decay=optim.weight_decay,
-            refresh_interval=policy.refresh_interval, max_precond_dim=optim.max_precond_dim,
-            shampoo_beta=optim.shampoo_beta)
-
-    return build
+    return peers.factory_from_config(name, resolve_config(None, [*model_args, *args]))
 
 
 def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> Contender:

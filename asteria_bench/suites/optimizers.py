@@ -34,13 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
 from asteria_core.cli import resolve_config
 from asteria_core.machine import MACHINE
-from asteria_core.runtime import decay_groups
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.data import encode, load_corpus, split_tokens
 from asteria_core.train.trainer import Trainer
@@ -187,16 +184,7 @@ def _energy(record: StepRecord) -> tuple[str | None, float | None]:
 def peer_factory(name: str, config):
     from asteria_bench import peers
 
-    optim, policy = config.optim, config.policy
-
-    def build(model: torch.nn.Module) -> torch.optim.Optimizer:
-        return peers.build_peer(
-            name, decay_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas,
-            eps=optim.eps, weight_decay=optim.weight_decay,
-            refresh_interval=policy.refresh_interval, max_precond_dim=optim.max_precond_dim,
-            shampoo_beta=optim.shampoo_beta)
-
-    return build
+    return peers.factory_from_config(name, config)
 
 
 def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchOptions,
