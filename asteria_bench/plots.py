@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -15,10 +16,18 @@ def _pyplot():
     return plt
 
 
+def save(fig, path: Path, caption: str, dpi: int = 100) -> dict[str, str]:
+    """Write `fig` to `path`, close it, and return the plot's entry for a suite's `plots`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return {"file": path.name, "caption": caption}
+
+
 def step_time_plot(runs: list[dict[str, Any]], path: Path, title: str) -> dict[str, str]:
     """Every configuration's step time per step, one panel a family (SOAP, KL-Shampoo, ...),
     each beside AdamW; log scale, so a refresh spike and a flat line both read."""
-    plt = _pyplot()
+    plt = pyplot()
     families = [f for f in dict.fromkeys(r["family"] for r in runs) if f != "adamw"] or ["adamw"]
     fig, axes = plt.subplots(len(families), 1, figsize=(10, 3.6 * len(families)), sharex=True,
                              squeeze=False)
@@ -32,16 +41,13 @@ def step_time_plot(runs: list[dict[str, Any]], path: Path, title: str) -> dict[s
         ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return {"file": path.name, "caption": title}
+    return save(fig, path, title)
 
 
 def xy_plot(series: list[tuple[str, list[float], list[float]]], path: Path, *, title: str,
             xlabel: str, ylabel: str) -> dict[str, str]:
     """Lines (label, x, y) in one panel."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, x, y in series:
         ax.plot(x, y, marker="o", label=label)
@@ -50,7 +56,4 @@ def xy_plot(series: list[tuple[str, list[float], list[float]]], path: Path, *, t
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return {"file": path.name, "caption": title}
+    return save(fig, path, title)

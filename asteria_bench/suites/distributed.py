@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from asteria_bench.options import BenchOptions, progress
+from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 
 TITLE = "Data-parallel SOAP: bytes and waits per step"
@@ -231,10 +232,7 @@ def summarize(result: SuiteResult, rows: list[dict], chosen: list, sizes: Sizes)
 
 
 def plot(result: SuiteResult, rows: list[dict], chosen: list, opts: BenchOptions) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     worlds = sorted({r["world"] for r in rows})
     fig, axes = plt.subplots(2, len(worlds), figsize=(3.6 * len(worlds) + 1, 5.6),
@@ -250,9 +248,6 @@ def plot(result: SuiteResult, rows: list[dict], chosen: list, opts: BenchOptions
     axes[0][0].set_ylabel("step p50 (ms)")
     axes[1][0].set_ylabel("sync_wait (ms/step)")
     fig.tight_layout()
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(opts.out_dir / "distributed.png", dpi=120)
-    plt.close(fig)
-    result.plots.append({"file": "distributed.png", "caption": "Step time (p50) and time "
-                         "spent waiting for other ranks' bases per step, per configuration and "
-                         "world size (gloo)."})
+    result.plots.append(save(fig, opts.out_dir / "distributed.png", "Step time (p50) and time "
+        "spent waiting for other ranks' bases per step, per configuration and "
+        "world size (gloo).", dpi=120))

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from asteria_bench.options import BenchOptions, progress
+from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult, percentile
 
 TITLE = "Serving: telemetry and control-plane overhead under load"
@@ -450,10 +451,7 @@ def summarize(result: SuiteResult, tel: dict, api: dict, sizes: Sizes) -> None:
 
 
 def plot(result: SuiteResult, tel: dict, api: dict, opts: BenchOptions) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     blocks = range(1, len(tel["pairs"]) + 1)
@@ -474,10 +472,7 @@ def plot(result: SuiteResult, tel: dict, api: dict, opts: BenchOptions) -> None:
     ax2.set_title("control plane: windows without and with clients")
     ax2.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(opts.out_dir / "serving.png", dpi=120)
-    plt.close(fig)
-    result.plots.append({"file": "serving.png", "caption": "Left: median step time per block "
-                         "with telemetry on (and /metrics scraped) and off, in alternating "
-                         "blocks. Right: the served run's step times in windows without and "
-                         "with clients, per CPU layout."})
+    result.plots.append(save(fig, opts.out_dir / "serving.png", "Left: median step time per block "
+        "with telemetry on (and /metrics scraped) and off, in alternating "
+        "blocks. Right: the served run's step times in windows without and "
+        "with clients, per CPU layout.", dpi=120))

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from asteria_bench.options import BenchOptions, progress
+from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 from asteria_bench.suites.tiers_worker import dd
 
@@ -235,10 +236,7 @@ def summarize(result: SuiteResult, runs: dict[str, list[dict]], dds: list[dict],
 
 def plot(result: SuiteResult, runs: dict, rss: dict, share: dict, step: dict,
          opts: BenchOptions) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     mib = 2**20
     names = [n for n in runs if n != "base"]
@@ -259,10 +257,7 @@ def plot(result: SuiteResult, runs: dict, rss: dict, share: dict, step: dict,
     ax2.set_ylim(bottom=0)
     ax2.set_title("step time per budget")
     fig.tight_layout()
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(opts.out_dir / "tiers.png", dpi=120)
-    plt.close(fig)
-    result.plots.append({"file": "tiers.png", "caption": "Peak RSS split into the base "
-                         "process's floor and the optimizer state's share, and step time, per "
-                         "budget (all in memory, then device + host budgets as a share of the "
-                         "SOAP state, the rest on disk)."})
+    result.plots.append(save(fig, opts.out_dir / "tiers.png", "Peak RSS split into the base "
+        "process's floor and the optimizer state's share, and step time, per "
+        "budget (all in memory, then device + host budgets as a share of the "
+        "SOAP state, the rest on disk).", dpi=120))
