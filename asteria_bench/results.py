@@ -105,6 +105,8 @@ class SuiteResult:
     findings: list[str] = field(default_factory=list)
     started: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc)
                          .isoformat(timespec="seconds"))
+    git: dict[str, Any] = field(default_factory=git_info)
+    """The commit measured: taken when the suite starts, since the tree may move on meanwhile."""
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def table(self, title: str, columns: list[str], note: str = "") -> Table:
@@ -123,7 +125,7 @@ class SuiteResult:
             "schema": SCHEMA,
             "command": self.command, "quick": self.quick, "started": self.started,
             "seconds": round(time.perf_counter() - self._t0, 1),
-            "machine": machine_info(), "git": git_info(),
+            "machine": machine_info(), "git": self.git,
             "config": self.config, "runs": self.runs,
             "tables": [vars(t) for t in self.tables], "plots": self.plots,
             "headline": self.headline, "findings": self.findings,

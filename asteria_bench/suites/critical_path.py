@@ -36,7 +36,7 @@ from asteria_bench.turns import (
 )
 
 TITLE = "Critical path: step time, spikes and idle, native against Asteria and the peers"
-STEPS = {"quick": 40, "full": 120}
+STEPS = {"quick": 30, "full": 120}
 
 
 def configs(opts: BenchOptions) -> list[Config]:
