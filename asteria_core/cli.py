@@ -4,6 +4,7 @@
     python -m asteria_core.cli config --config run.toml      # the resolved config as TOML
     python -m asteria_core.cli train --metrics-port 9400     # also serve Prometheus /metrics
     python -m asteria_core.cli keys optim                    # every key: type, range, help
+    torchrun --nproc-per-node 2 -m asteria_core.cli train    # data-parallel (DDP), one run
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
 key or a bad value stops the command before anything is built, naming the key. Options are
@@ -11,6 +12,11 @@ matched whole: a mistyped one is an error, never taken for the option it abbrevi
 
 The `asteria` command (`backend.cli`) adds `serve` and `start`, which run the control plane and
 the dashboard; this module imports nothing from them, so the core runs without the web stack.
+
+Under torchrun (WORLD_SIZE > 1) `train` is one rank of a data-parallel run
+(asteria_core/train/parallel.py): rank 0 prints the run's lines and draws the progress bar,
+every rank checkpoints at one step, and `--metrics-port PORT` serves rank r's /metrics on
+PORT + r.
 """
 
 from __future__ import annotations
@@ -111,64 +117,121 @@ def _stop_on_signals(stop: Callable[[], None]) -> tuple[list[int], dict]:
 
 
 def _last_checkpoint(trainer: Any) -> str:
-    from asteria_core.train import checkpoint as ckpt
-
-    path = trainer.run_dir / ckpt.CHECKPOINT_NAME
+    path = trainer.checkpoint_path
     return f"the last checkpoint is {path}" if path.is_file() else "no checkpoint was written"
 
 
+Serve = Callable[[Any], Callable[[], None] | None]
+"""What a run serves while it trains: called with the built trainer, returns what stops it
+(called after the trainer is closed); OSError or RuntimeError, saying what it could not serve,
+when it can not."""
+
+
+def serve_metrics(trainer: Any) -> Callable[[], None] | None:
+    """`--metrics-port`: Prometheus /metrics of this process while it trains; in a
+    data-parallel run rank r serves its own on PORT + r (`serve_rank_metrics`)."""
+    config = trainer.config.telemetry
+    host, port = config.metrics_host, config.metrics_port
+    if not port or trainer.telemetry is None:
+        return None
+    try:
+        if trainer.ranks.parallel:
+            from asteria_core.distributed import serve_rank_metrics
+
+            port = serve_rank_metrics(trainer.telemetry, trainer.ranks.rank, host=host,
+                                      base_port=port)
+        else:
+            port = trainer.telemetry.serve(host, port)
+    except OSError as err:
+        where = port + trainer.ranks.rank
+        raise OSError(f"cannot serve metrics on {host}:{where}: {err}") from err
+    print(f"asteria: {_who(trainer.ranks)}metrics at http://{host}:{port}/metrics", flush=True)
+    return None
+
+
+def _who(ranks: Any) -> str:
+    """The rank a line of a data-parallel run is about ("" in a single-process run)."""
+    return f"rank {ranks.rank}: " if ranks.parallel else ""
+
+
 def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
-    """The signals are ours from before the run is built until after it is closed: a signal
+    return train_command(config, args)
+
+
+def train_command(config: RunConfig, args: argparse.Namespace,
+                  serve: Serve = serve_metrics) -> int:
+    """`asteria train`; `serve` starts what the run serves (the `asteria` command's
+    `--control-port` adds the control plane on rank 0).
+
+    The signals are ours from before the run is built until after it is closed: a signal
     while it starts stops it before its first step, and a second one while it closes ends the
     process at once (Python's own SIGINT handler would raise KeyboardInterrupt wherever close
     happened to be, a join or a lock)."""
     run: list[Any] = []  # the trainer, once built
     received, previous = _stop_on_signals(lambda: run and run[0].request_stop())
     try:
-        return _train(config, args, run, received)
+        return _train(config, args, run, received, serve)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
 def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
-           received: list[int]) -> int:
+           received: list[int], serve: Serve) -> int:
     from asteria_core.refresh import RefreshFailed
     from asteria_core.tiers import TierFileError
+    from asteria_core.train import parallel
     from asteria_core.train.trainer import Trainer
 
     try:
+        ranks = parallel.Ranks.from_env()
+        parallel.check(config, ranks)  # before any collective: every rank refuses alike
+    except ConfigError as err:
+        print(f"asteria: config error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"asteria: cannot start the run: {err}", file=sys.stderr)
+        return 1
+    who = _who(ranks)
+    try:
         trainer = Trainer(config)
     except (OSError, ValueError, TierFileError) as err:  # unreadable, unwritable, too full
-        print(f"asteria: cannot start the run: {err}", file=sys.stderr)
+        print(f"asteria: {who}cannot start the run: {err}", file=sys.stderr)
         return 1
     run.append(trainer)
     if received:  # a signal while the run was built
         trainer.request_stop()
-    host, port = config.telemetry.metrics_host, config.telemetry.metrics_port
-    if port and trainer.telemetry is not None:
-        try:
-            port = trainer.telemetry.serve(host, port)
-        except OSError as err:
-            trainer.close()
-            print(f"asteria: cannot serve metrics on {host}:{port}: {err}", file=sys.stderr)
-            return 1
-        print(f"asteria: metrics at http://{host}:{port}/metrics", flush=True)
+    try:
+        stop_serving = serve(trainer)
+    except (OSError, RuntimeError) as err:
+        trainer.close()
+        print(f"asteria: {who}{err}", file=sys.stderr)
+        return 1
     n = trainer.model_params
-    print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
-          f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
-          f"writing {trainer.run_dir}", flush=True)
+    if ranks.main:
+        print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
+              f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
+              f"writing {trainer.run_dir}", flush=True)
+        if ranks.parallel:
+            print(f"asteria: data-parallel on {ranks.world} ranks ({ranks.local_world} per "
+                  f"node), global batch {ranks.world} x {config.data.batch_size}; rank r > 0 "
+                  f"checkpoints in {trainer.run_dir / 'rank<r>'}", flush=True)
+        resumed = trainer.config.train.resume
+        if resumed:
+            print(f"asteria: resumed {resumed} at step {trainer.step}" if resumed != "auto"
+                  else f"asteria: train.resume = auto: no checkpoint in {config.train.out_dir}; "
+                  "a fresh run", flush=True)
     failed = None
     try:
         result = trainer.train(progress=not args.no_progress)
     except RefreshFailed as err:
-        print(f"asteria: run stopped at step {trainer.step}: {err}; checkpoint saved in "
-              f"{trainer.run_dir}", file=sys.stderr)
+        print(f"asteria: {who}run stopped at step {trainer.step}: {err}; checkpoint saved in "
+              f"{trainer.rank_dir}", file=sys.stderr)
         return 1
     except (OSError, TierFileError) as err:  # a full disk, a folder it may not write
         failed = err
-        print(f"asteria: run stopped at step {trainer.step}: {err}; {_last_checkpoint(trainer)}",
-              file=sys.stderr)
+        print(f"asteria: {who}run stopped at step {trainer.step}: {err}; "
+              f"{_last_checkpoint(trainer)}", file=sys.stderr)
         return 1
     finally:
         try:
@@ -176,16 +239,24 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
         except (OSError, TierFileError):
             if failed is None:
                 raise  # else: the same failure, already reported in one line
+        finally:
+            if stop_serving is not None:
+                stop_serving()
     if received:
         name = signal.Signals(received[0]).name
-        print(f"\nasteria: stopped by {name} at step {trainer.step}; checkpoint saved in "
-              f"{trainer.run_dir}", file=sys.stderr)
+        print(f"\nasteria: {who}stopped by {name} at step {trainer.step}; checkpoint saved in "
+              f"{trainer.rank_dir}", file=sys.stderr)
         return 128 + received[0]
+    if not ranks.main:
+        return 0
+    if result.stopped_early and ranks.parallel:
+        print(f"asteria: stopped at step {result.step} on every rank; checkpoints saved in "
+              f"{trainer.run_dir}", file=sys.stderr)
     if result.eval_losses:
         last_step = max(result.eval_losses)
         print(f"asteria: done at step {result.step}; validation loss "
               f"{result.eval_losses[last_step]:.4f} (step {last_step}); checkpoint "
-              f"{result.run_dir / 'checkpoint.pt'}")
+              f"{trainer.checkpoint_path}")
     return 0
 
 

@@ -5,6 +5,8 @@
     asteria config --config run.toml      # print the resolved config as TOML
     asteria keys optim                    # every key of a section: type, range, default, help
     asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
+    asteria train --control-port 8000     # and the control plane, attached to the run
+    torchrun --nproc-per-node 2 -m backend.cli train --control-port 8000   # data-parallel
     asteria serve --port 8000             # the control plane, with a default run
     asteria bench all --quick             # every published number, measured (docs/benchmarks.md)
 
@@ -60,6 +62,44 @@ def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
+    """The core's `train`; with --control-port also the control plane, attached to the run
+    (rank 0's in a data-parallel run: its PATCHes reach every rank at one step, its stop stops
+    every rank), and every other rank's /metrics for Prometheus (serve_rank_metrics, on
+    --metrics-port + rank or any free port, its file_sd target in DATA_DIR/targets)."""
+    if args.control_port is None:
+        return core.train_command(config, args)
+    return core.train_command(config, args, serve=lambda trainer: _serve_run(trainer, args))
+
+
+def _serve_run(trainer, args: argparse.Namespace):
+    from asteria_core.distributed import serve_rank_metrics
+    from backend.settings import Settings
+
+    overrides = {"host": args.control_host, "port": args.control_port,
+                 "data_dir": args.data_dir}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    telemetry, rank = trainer.config.telemetry, trainer.ranks.rank
+    if rank > 0:
+        if trainer.telemetry is not None:
+            port = serve_rank_metrics(trainer.telemetry, rank, host=telemetry.metrics_host,
+                                      base_port=telemetry.metrics_port,
+                                      targets_dir=settings.data_dir / "targets")
+            print(f"asteria: rank {rank}: metrics at "
+                  f"http://{telemetry.metrics_host}:{port}/metrics", flush=True)
+        return None
+    from backend.attach import serve
+
+    core.serve_metrics(trainer)  # --metrics-port too, as without the control plane
+    try:
+        plane = serve(trainer.runtime, settings=settings, total_steps=trainer.config.train.steps)
+    except RuntimeError as err:
+        raise RuntimeError(f"cannot serve the control plane: {err}") from err
+    print(f"asteria: control plane on {plane.url} (API docs at /docs; token in "
+          f"{settings.resolved_token_file})", flush=True)
+    return plane.close
+
+
 def _cmd_bench(config: RunConfig, args: argparse.Namespace) -> int:
     from asteria_bench import cli as bench  # the suites load torch's models only when asked
 
@@ -69,6 +109,7 @@ def _cmd_bench(config: RunConfig, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, core.Command] = {
     "start": _cmd_start,
     **{name: handler for name, (_, handler) in core.COMMANDS.items()},
+    "train": _cmd_train,
     "serve": _cmd_serve,
     "bench": _cmd_bench,
 }
@@ -81,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
                                           "dashboard")
     core.add_run_arguments(start, base=SERVED_RUN)
     core.add_commands(sub)
+    train = sub.choices["train"]
+    train.add_argument("--control-port", type=int, metavar="PORT",
+                       help="also serve the control plane on PORT (0: any free port), attached "
+                            "to this run; under torchrun on rank 0, while every other rank "
+                            "serves its /metrics (on --metrics-port + rank, or any free port)")
+    train.add_argument("--control-host", metavar="HOST",
+                       help="address for --control-port (default 127.0.0.1, or ASTERIA_HOST)")
+    train.add_argument("--data-dir", help="the control plane's run store and token, and the "
+                                          "ranks' Prometheus targets (default asteria-data)")
     serve = core.add_parser(sub, "serve", "start the control plane (and a default run)")
     serve.epilog = core.overrides_help(SERVED_RUN)
     serve.add_argument("--config", help="config of the default run (TOML or YAML)")

@@ -199,7 +199,9 @@ class TrainConfig:
     checkpoint_interval: int = 0
     """Write a checkpoint every this many steps; 0 means only at the end."""
     resume: str = ""
-    """Path of a checkpoint to resume from; empty starts fresh."""
+    """Path of a checkpoint to resume from (in a data-parallel run rank 0's, in the run folder:
+    rank r reads rank<r>/ beside it); "auto": the newest checkpoint in out_dir, so launching the
+    same command again resumes (a fresh start when there is none); empty starts fresh."""
     threads: int = 0
     """torch intra-op threads for training; 0 keeps torch's default."""
     cpus: str = ""
@@ -219,9 +221,10 @@ class TrainConfig:
             check(sys.platform.startswith("linux"), "train.cpus", self.cpus,
                    "empty on this platform (pinning needs Linux)")
             parse_cpu_list("train.cpus", self.cpus)
-        if self.resume and not Path(self.resume).expanduser().is_file():
+        if self.resume and self.resume != "auto" and \
+                not Path(self.resume).expanduser().is_file():
             raise ConfigError(f"train.resume: checkpoint {self.resume!r} does not exist; "
-                              "allowed: an existing checkpoint file, or empty")
+                              "allowed: an existing checkpoint file, auto, or empty")
 
 
 @dataclass(kw_only=True, slots=True)

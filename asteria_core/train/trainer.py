@@ -5,6 +5,10 @@ everything Asteria adds (refresh engine, tier store, telemetry, live policy, the
 is the `Runtime` attached to its optimizer, exactly as `asteria.optimizer()` attaches one to a
 user's. `train_step()` marks the phases (data, forward, backward, optimizer) and logs the
 step's figures; the boundary runs inside `optimizer.step()`.
+
+Launched by torchrun with more than one rank, the same trainer is one rank of a data-parallel
+run (`asteria_core/train/parallel.py`): DistributedDataParallel for the gradients, each rank's
+own batches, a checkpoint per rank at one step, rank 0 alone writing the step records.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.runtime.runtime import Runtime, new_run_id
@@ -27,6 +33,7 @@ from asteria_core.telemetry.records import StepRecord
 from asteria_core.telemetry.reporter import RunReporter
 from asteria_core.tiers import TierFileError
 from asteria_core.train import checkpoint as ckpt
+from asteria_core.train import parallel
 from asteria_core.train.config import RunConfig, parse_cpu_list
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.data import (
@@ -38,6 +45,7 @@ from asteria_core.train.data import (
 )
 from asteria_core.train.model import GPT
 from asteria_core.train.optimizers import optimizer_from_config
+from asteria_core.train.parallel import Ranks, StopVote
 from asteria_core.train.progress import progress_bar, progress_figures
 from asteria_core.train.schedule import build_scheduler
 
@@ -80,57 +88,119 @@ class Trainer:
                  ) -> None:
         """`optimizer_factory`: builds the optimizer from the model instead of `config.optim`
         (a benchmark's peer optimizer, trained on the same model, data and schedule)."""
-        resume = ckpt.load(config.train.resume) if config.train.resume else None
-        if resume is not None:
+        self.ranks = Ranks.from_env()
+        parallel.check(config, self.ranks)
+        self.device = parallel.rank_device(resolve_device(config.train.device), self.ranks)
+        self._owns_group = parallel.init_group(self.device, self.ranks)
+        self._vote: StopVote | None = None
+        self.runtime: Runtime | None = None
+        try:
+            self._build(config, run_id, jsonl, reporter, policy, optimizer_factory)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: RunConfig, run_id: str | None, jsonl: bool,
+               reporter: RunReporter | None, policy: LivePolicy | None,
+               optimizer_factory: Callable[[torch.nn.Module], torch.optim.Optimizer] | None
+               ) -> None:
+        ranks = self.ranks
+        resume_path = self._resume_path(config)
+        if ranks.parallel:  # one run: rank 0's checkpoint and id on every rank
+            resume_path, run_id = parallel.share((resume_path, run_id))
+        resume = None
+        if resume_path is not None:
+            path = parallel.rank_checkpoint(Path(resume_path), ranks)
+            if not path.is_file():
+                raise ValueError(f"train.resume: {ranks.describe()} needs its checkpoint {path}, "
+                                 "which does not exist; allowed: the run folder of a run "
+                                 "launched the same way")
+            resume = ckpt.load(path)
+            parallel.check_resume(resume, path, ranks)
             # The architecture comes from the checkpoint; the schedule and paths from `config`.
-            config = dataclasses.replace(config, model=config_from_dict(resume["config"]).model)
+            config = dataclasses.replace(
+                config, model=config_from_dict(resume["config"]).model,
+                train=dataclasses.replace(config.train, resume=str(resume_path)))
             run_id = run_id or resume["run_id"]
+        if run_id is None:
+            run_id = parallel.share(new_run_id()) if ranks.parallel else new_run_id()
         self.config = config
-        self.run_id = run_id or new_run_id()
+        self.run_id = run_id
         self.run_dir = Path(config.train.out_dir).expanduser() / self.run_id
-        self.device = resolve_device(config.train.device)
+        self.rank_dir = parallel.rank_dir(self.run_dir, ranks)
+        """Where this rank's own files go: its checkpoint and disk tier (the run folder on
+        rank 0)."""
         if config.train.cpus:  # before any thread is started, so they inherit the CPUs
             os.sched_setaffinity(0, parse_cpu_list("train.cpus", config.train.cpus))
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
-        seed_everything(config.train.seed)
+        seed_everything(config.train.seed)  # the same initial model on every rank
 
         tokens = encode(load_corpus(config.data.corpus))
         train_tokens, val_tokens = split_tokens(tokens, config.data.val_fraction,
                                                 config.model.block_size)
+        # Each rank its own batches: one step trains world x batch_size sequences.
         self.loader = BatchLoader(train_tokens, config.model.block_size, config.data.batch_size,
-                                  config.train.seed)
+                                  config.train.seed + ranks.rank)
         self.eval_batches = fixed_eval_batches(val_tokens, config.model.block_size,
                                                config.data.batch_size, config.train.eval_batches)
-        ckpt.remove_leftovers(self.run_dir)
+        ckpt.remove_leftovers(self.rank_dir)
         records = self.run_dir / "steps.jsonl"
-        if resume is not None:
+        if resume is not None and ranks.main:
             _keep_records_until(records, int(resume["step"]))
         self.model = GPT(config.model).to(self.device)
+        if ranks.rank > 0:  # dropout masks of its own
+            torch.manual_seed(config.train.seed + ranks.rank)
         if policy is None and resume is not None and "policy" in resume:
             policy = LivePolicy(Policy(**resume["policy"]["current"]),
                                 version=resume["policy"]["version"], start_step=resume["step"])
         self.policy = policy or LivePolicy(config.policy)
+        if ranks.parallel:
+            self.policy.add_validator(parallel.refuse_disk_dir)
         self.optimizer = optimizer_factory(self.model) if optimizer_factory else \
             optimizer_from_config(config.optim, self.model, self.policy.current)
         self.scheduler = build_scheduler(self.optimizer, config.optim.warmup_steps,
                                          config.train.steps, config.optim.min_lr_ratio)
+        if ranks.parallel:  # its gloo group before the runtime's, in one order on every rank
+            self._vote = StopVote()
         self.runtime = Runtime(
             self.optimizer, model=self.model, policy=self.policy, telemetry=config.telemetry,
-            reporter=reporter, run_id=self.run_id, run_dir=self.run_dir,
-            records=records if jsonl else None,
-            optimizer_name=config.optim.name)
+            reporter=reporter, run_id=self.run_id, run_dir=self.rank_dir,
+            records=records if jsonl and ranks.main else None,
+            optimizer_name=config.optim.name,
+            start_step=int(resume["step"]) if resume is not None else 0)
         self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []
         self.model_params = self.model.num_params()
         if resume is not None:
             self._restore(resume)
+        self.net: torch.nn.Module = self.model
+        """What a training step runs: the model, or its DistributedDataParallel wrapper."""
+        if ranks.parallel:  # broadcasts rank 0's parameters: replicas start equal
+            self.net = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda"
+                else None)
+
+    def _resume_path(self, config: RunConfig) -> str | None:
+        """The checkpoint to resume (rank 0's file in a data-parallel run): `train.resume`, or
+        with "auto" the newest one in `train.out_dir` (None: there is none, start fresh)."""
+        if config.train.resume != "auto":
+            return config.train.resume or None
+        if not self.ranks.main:
+            return None  # rank 0's choice is shared
+        found = parallel.latest_checkpoint(Path(config.train.out_dir))
+        return None if found is None else str(found)
 
     @property
     def step(self) -> int:
         return self.runtime.step
 
     # ----------------------------------------------------------------------------- checkpoints
+    @property
+    def checkpoint_path(self) -> Path:
+        """This rank's checkpoint (rank 0's is the run's, in the run folder)."""
+        return self.rank_dir / ckpt.CHECKPOINT_NAME
+
     def checkpoint_state(self) -> dict:
         return {
             "format_version": ckpt.FORMAT_VERSION,
@@ -143,10 +213,14 @@ class Trainer:
             "data": self.loader.state_dict(),
             "rng": ckpt.rng_state(),
             "policy": self.runtime.state_dict()["policy"],
+            "ranks": {"rank": self.ranks.rank, "world": self.ranks.world,
+                      "local_world": self.ranks.local_world},
         }
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
-        path = path or self.run_dir / ckpt.CHECKPOINT_NAME
+        """This rank's checkpoint; in a data-parallel run every rank calls it at one step (the
+        settle completes the transfers every rank posted)."""
+        path = path or self.checkpoint_path
         self.runtime.settle()  # outstanding refreshes go into the optimizer's state
         ckpt.save_atomic(self.checkpoint_state(), path)
         for sink in self.checkpoint_sinks:
@@ -162,8 +236,23 @@ class Trainer:
         self.runtime.step = int(state["step"])
 
     def close(self) -> None:
-        """Release workers, files and meters held by the run; the trainer can not train after."""
-        self.runtime.close()
+        """Release workers, files and meters held by the run, and the process group the trainer
+        created; the trainer can not train after."""
+        try:
+            if self.runtime is not None:
+                self.runtime.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            if self._vote is not None:
+                self._vote.close()
+                self._vote = None
+        finally:
+            if self._owns_group and dist.is_initialized():
+                self._owns_group = False
+                dist.destroy_process_group()
 
     # ----------------------------------------------------------------------------- the loop
     def request_stop(self) -> None:
@@ -172,13 +261,19 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
+        """The mean loss over the validation batches; in a data-parallel run each rank takes
+        every world-th batch and the sums are all-reduced, so every rank gets the same value."""
+        ranks = self.ranks
         self.model.eval()
         losses = []
-        for x, y in self.eval_batches:
+        for x, y in self.eval_batches[ranks.rank::ranks.world]:
             with self._autocast():
                 _, loss = self.model(x.to(self.device), y.to(self.device))
-            losses.append(loss)
+            losses.append(loss.float())
         self.model.train()
+        if ranks.parallel:
+            total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
+            return parallel.all_reduce_mean(total, len(losses), self.device)
         return torch.stack(losses).mean().item()  # sync point: once per evaluation
 
     def _autocast(self) -> torch.autocast:
@@ -194,7 +289,7 @@ class Trainer:
                 x, y = self.loader.next_batch()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with rt.phase("forward"), self._autocast():
-            _, loss = self.model(x, y)
+            _, loss = self.net(x, y)
         with rt.phase("backward"):
             loss.backward()
         with rt.phase("optimizer"):
@@ -207,6 +302,11 @@ class Trainer:
         self.scheduler.step()
         return rt.last_record
 
+    def _stopping(self) -> bool:
+        """A stop was asked; in a data-parallel run, on some rank, agreed on every rank."""
+        wish = self.runtime.stop_requested
+        return wish if self._vote is None else self._vote.agreed(wish)
+
     def _due_eval(self) -> bool:
         return self.step % self.config.train.eval_interval == 0 or \
             self.step == self.config.train.steps
@@ -216,10 +316,10 @@ class Trainer:
         cfg = self.config.train
         last = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
         result = TrainResult(run_dir=self.run_dir, step=self.step)
-        bar = progress_bar(self.step, cfg.steps) if progress else None
+        bar = progress_bar(self.step, cfg.steps) if progress and self.ranks.main else None
         state_ok = True
         try:
-            while self.step < last and not self.runtime.stop_requested:
+            while self.step < last and not self._stopping():
                 self.train_step()
                 if self._due_eval():
                     eval_loss = self.evaluate()
@@ -229,7 +329,7 @@ class Trainer:
                 result.train_losses.append(record.loss)
                 if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
                     self.save_checkpoint()
-                _update_bar(bar, record, cfg.log_interval)
+                _update_bar(bar, record, cfg.log_interval, self.ranks.world)
         except TierFileError:
             state_ok = False  # the step stopped halfway: keep the last good checkpoint
             raise
@@ -261,10 +361,11 @@ def _keep_records_until(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _update_bar(bar, record: StepRecord, every: int) -> None:
+def _update_bar(bar, record: StepRecord, every: int, world: int = 1) -> None:
+    """Rank 0's loss; the job's tokens per second (every rank trains as many as rank 0)."""
     if bar is None:
         return
     bar.update(1)
     if record.step % every == 0 or record.eval_loss is not None:
-        bar.set_postfix(progress_figures(record.loss, record.tokens, record.step_seconds,
+        bar.set_postfix(progress_figures(record.loss, record.tokens * world, record.step_seconds,
                                          record.eval_loss), refresh=False)

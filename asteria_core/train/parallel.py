@@ -1,0 +1,228 @@
+"""The built-in trainer as one rank of a data-parallel job launched by torchrun.
+
+    torchrun --nproc-per-node 2 -m asteria_core.cli train --optim.name soap --train.steps 2000
+
+`Ranks.from_env()` reads torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK,
+LOCAL_WORLD_SIZE); with more than one rank the trainer initializes the process group (gloo on
+CPU, NCCL on CUDA with the device LOCAL_RANK), builds the same initial model on every rank,
+draws each rank's own batches (seed + rank, so one step trains world x data.batch_size
+sequences), wraps the model in DistributedDataParallel and lets the runtime go data-parallel by
+itself (owner ranks, bases sent in the background). `check()` refuses, before anything is
+built, the combinations such a run can not train, naming the key.
+
+Every rank stops at one step (`StopVote`), checkpoints at one step (its own file: owners hold
+the factors of their blocks) and evaluates its share of the validation batches, all-reduced, so
+every rank logs the same validation loss. Rank 0 alone writes the run's step records and draws
+the progress bar.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from asteria_core.train.checkpoint import CHECKPOINT_NAME
+from asteria_core.train.config import RunConfig
+from asteria_core.validation import ConfigError
+
+SECOND_ORDER = ("soap", "shampoo", "kl_shampoo")
+
+
+@dataclass(frozen=True, slots=True)
+class Ranks:
+    """Where this process is in the job: rank and world, and inside its node."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+
+    @property
+    def parallel(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that writes the run's outputs."""
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, environ: os._Environ | dict[str, str] | None = None) -> Ranks:
+        """torchrun's layout from its environment; one rank when WORLD_SIZE is unset or 1, or
+        the process group a script initialized itself."""
+        env = os.environ if environ is None else environ
+        if dist.is_available() and dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()
+        else:
+            world = _int_env(env, "WORLD_SIZE", 1)
+            if world <= 1:
+                return cls()
+            rank = _int_env(env, "RANK", -1)
+        local_rank = _int_env(env, "LOCAL_RANK", rank)
+        local_world = _int_env(env, "LOCAL_WORLD_SIZE", world)
+        if not (0 <= rank < world and 0 <= local_rank < local_world <= world):
+            raise ValueError(f"torchrun environment: got RANK {rank}, WORLD_SIZE {world}, "
+                             f"LOCAL_RANK {local_rank}, LOCAL_WORLD_SIZE {local_world}; "
+                             "allowed: 0 <= RANK < WORLD_SIZE and 0 <= LOCAL_RANK < "
+                             "LOCAL_WORLD_SIZE <= WORLD_SIZE (launch with torchrun)")
+        return cls(rank, world, local_rank, local_world)
+
+    def describe(self) -> str:
+        return f"rank {self.rank} of {self.world} ({self.local_world} per node)"
+
+
+def _int_env(env, name: str, default: int) -> int:
+    text = env.get(name, "")
+    if text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"torchrun environment: {name} is {text!r}; allowed: an integer") \
+            from None
+
+
+def check(config: RunConfig, ranks: Ranks) -> None:
+    """The combinations a data-parallel run can not train; ConfigError naming the key. Every
+    rank reads the same command line, so every rank refuses alike, before any collective."""
+    if not ranks.parallel:
+        return
+    if config.optim.name in SECOND_ORDER and config.policy.swap_mode != "deterministic":
+        raise ConfigError(f"policy.swap_mode: got {config.policy.swap_mode!r}; allowed: "
+                          "deterministic in a data-parallel run (every rank swaps a new basis "
+                          "at one step)")
+    if config.policy.disk_dir:
+        raise ConfigError(f"policy.disk_dir: got {config.policy.disk_dir!r}; allowed: empty in "
+                          "a data-parallel run (every rank keeps its disk tier in its own run "
+                          "folder; one folder would be shared by the ranks)")
+    if config.train.cpus and ranks.local_world > 1:
+        raise ConfigError(f"train.cpus: got {config.train.cpus!r}; allowed: empty in a run of "
+                          f"{ranks.local_world} ranks per node (every rank would be pinned to "
+                          "the same CPUs)")
+
+
+def refuse_disk_dir(policy) -> None:
+    """A live-policy validator: the disk tier's folder stays per rank (see `check`)."""
+    from asteria_core.policy import PolicyError
+
+    if policy.disk_dir:
+        raise PolicyError("disk_dir", f"got {policy.disk_dir!r}; allowed: empty in a "
+                          "data-parallel run (every rank keeps its disk tier in its own folder)")
+
+
+def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
+    """The device of this rank: on CUDA the one numbered LOCAL_RANK."""
+    if not ranks.parallel or device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if ranks.local_rank >= count:
+        raise ValueError(f"train.device: local rank {ranks.local_rank} needs CUDA device "
+                         f"{ranks.local_rank}, but this node has {count}; allowed: at most "
+                         f"{count} ranks per node (torchrun --nproc-per-node), or cpu")
+    device = torch.device("cuda", ranks.local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def init_group(device: torch.device, ranks: Ranks) -> bool:
+    """Initialize the default process group for this device (gloo on CPU, NCCL on CUDA) unless
+    a script did; True when this call created it (the trainer then destroys it)."""
+    if not ranks.parallel:
+        return False
+    if dist.is_initialized():
+        backend = str(dist.get_backend()).lower()
+        if device.type != "cuda" and "nccl" in backend:
+            raise ValueError(f"train.device: got {device.type!r}, but the process group's "
+                             f"backend is {backend} (CUDA tensors only); allowed: cuda or auto")
+        return False
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return True
+
+
+def share(value: object) -> object:
+    """Rank 0's value on every rank (a collective: every rank calls it at one point)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank_dir(run_dir: Path, ranks: Ranks) -> Path:
+    """Rank 0 writes into the run folder; rank r > 0 into its `rank<r>` sub-folder (its
+    checkpoint, its disk tier)."""
+    return run_dir if ranks.rank == 0 else run_dir / f"rank{ranks.rank}"
+
+
+def rank_checkpoint(path: Path, ranks: Ranks) -> Path:
+    """This rank's checkpoint beside rank 0's `path`."""
+    return path if ranks.rank == 0 else path.parent / f"rank{ranks.rank}" / path.name
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest run checkpoint (rank 0's) in a folder of runs, for `train.resume = auto`."""
+    found = [p for p in Path(out_dir).expanduser().glob(f"*/{CHECKPOINT_NAME}") if p.is_file()]
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
+
+
+def check_resume(state: dict, path: Path, ranks: Ranks) -> None:
+    """A checkpoint resumes only the layout that wrote it: each rank's file holds that rank's
+    part of the optimizer state (the blocks it owns) and its data position."""
+    wrote = state.get("ranks", {"world": 1, "local_world": 1})
+    world, local = int(wrote["world"]), int(wrote["local_world"])
+    if (world, local) != (ranks.world, ranks.local_world):
+        raise ValueError(f"train.resume: {path} was written by a run of {world} rank(s), "
+                         f"{local} per node; this run has {ranks.world}, {ranks.local_world} per "
+                         "node; allowed: a checkpoint of a run launched the same way (every "
+                         "rank holds its own part of the optimizer state)")
+    if ranks.parallel:
+        steps: list[int | None] = [None] * ranks.world
+        dist.all_gather_object(steps, int(state["step"]))
+        if len(set(steps)) > 1:
+            raise ValueError(f"train.resume: the ranks' checkpoints beside {path} are of "
+                             f"different steps ({', '.join(map(str, steps))}, rank by rank): "
+                             "a rank stopped while writing its checkpoint; allowed: checkpoints "
+                             "of one step")
+
+
+class StopVote:
+    """A stop asked on any rank (a signal, rank 0's control plane) ends the run at one step on
+    every rank. Each boundary posts this rank's wish in an all-reduce (MAX) on a gloo group of
+    its own and reads the previous boundary's outcome, so no step waits for the vote: the run
+    stops at most one step after the request, everywhere at the same step."""
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None
+
+    def agreed(self, wish: bool) -> bool:
+        """Every rank calls this once per boundary; True when some rank wished to stop one
+        boundary ago."""
+        stop = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            stop = bool(flag.item())
+        flag = torch.tensor([1 if wish else 0], dtype=torch.int32)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self._pending = (work, flag)
+        return stop
+
+    def close(self) -> None:
+        """Complete the vote every rank posted last, then release the group."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+
+
+def all_reduce_mean(total: torch.Tensor, count: int, device: torch.device) -> float:
+    """The mean over every rank of values whose sum here is `total` over `count` items."""
+    both = torch.stack([total.detach().float().reshape(()),
+                        torch.tensor(float(count), device=total.device)]).to(device)
+    dist.all_reduce(both)
+    return (both[0] / both[1]).item()

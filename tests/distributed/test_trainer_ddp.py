@@ -1,0 +1,219 @@
+"""The built-in trainer under torchrun (issue 17): `torchrun -m asteria_core.cli train` (and the
+`asteria` entry point, `backend.cli`) trains one data-parallel run on gloo: replicas identical
+at the end, rank 0 alone writing the run's records, a checkpoint per rank at one step, and a
+relaunch of the same command resuming exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from asteria_core.train import checkpoint as ckpt
+from asteria_core.train import parallel
+from asteria_core.train.config import ConfigError, RunConfig
+from asteria_core.train.parallel import Ranks
+from asteria_core.train.trainer import Trainer
+from backend.store import RunStore
+from tests.backend.conftest import free_port
+from tests.procs import descendants
+
+pytestmark = pytest.mark.multiproc
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 160
+TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
+        "--model.block_size", "32", "--data.batch_size", "4", "--train.steps", str(STEPS),
+        "--train.eval_interval", "40", "--train.eval_batches", "3", "--train.threads", "1",
+        "--train.checkpoint_interval", "20", "--optim.name", "soap", "--optim.lr", "3e-3",
+        "--policy.refresh_interval", "5", "--policy.staleness_bound", "2", "--policy.workers",
+        "1", "--telemetry.nvml", "false", "--telemetry.rapl", "false", "--no-progress"]
+
+
+def launch(module: str, out: Path, *extra: str) -> subprocess.Popen:
+    """Two ranks of `module train` on this machine, gloo."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", module,
+         "train", *TINY, "--train.out_dir", str(out), *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, ok: bool = True) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if ok:
+        assert proc.returncode == 0, out[-3000:] + err[-5000:]
+    return out, err
+
+
+def run_dir(out: Path) -> Path:
+    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    return folder
+
+
+def models(folder: Path) -> list[dict[str, torch.Tensor]]:
+    return [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["model"],
+            ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["model"]]
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def steps_of(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[Path, Path, str]:
+    """The uninterrupted run, through the `asteria` entry point with the control plane on
+    rank 0 and rank 1's /metrics (any free port, its Prometheus target in the data dir)."""
+    out, data = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("data")
+    stdout, _ = finish(launch("backend.cli", out, "--control-port", "0", "--data-dir",
+                              str(data)))
+    return run_dir(out), data, stdout
+
+
+def test_replicas_end_identical_and_only_rank_0_writes_the_run(straight):
+    folder, _, stdout = straight
+    rank0, rank1 = models(folder)
+    assert same(rank0, rank1)
+    # Rank 0's files in the run folder, rank 1's checkpoint (and disk tier) in rank1/.
+    files = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    assert {"checkpoint.pt", "steps.jsonl", "rank1/checkpoint.pt"} <= files
+    assert not [f for f in files if f.startswith("rank1/") and not
+                (f == "rank1/checkpoint.pt" or f.startswith("rank1/tiers/"))], files
+    records = steps_of(folder)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert all(r["distributed"]["world"] == 2 and r["distributed"]["rank"] == 0
+               for r in records)
+    assert [r["step"] for r in records if r["eval_loss"] is not None] == [40, 80, 120, 160]
+    assert records[-1]["eval_loss"] < records[39]["eval_loss"]
+    state = [ckpt.load(folder / ckpt.CHECKPOINT_NAME),
+             ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)]
+    assert [s["step"] for s in state] == [STEPS, STEPS]
+    assert [s["ranks"] for s in state] == [{"rank": r, "world": 2, "local_world": 2}
+                                           for r in range(2)]
+    assert state[0]["run_id"] == state[1]["run_id"] == folder.name
+    # Rank 0 alone prints the run's lines (torchrun passes every rank's stdout through).
+    assert stdout.count("asteria: run ") == 1 and stdout.count("control plane on ") == 1
+    assert "data-parallel on 2 ranks (2 per node), global batch 2 x 4" in stdout
+    assert stdout.count("asteria: done at step 160") == 1
+
+
+def test_the_control_plane_is_rank_0s_and_rank_1_serves_its_metrics(straight):
+    folder, data, _ = straight
+    store = RunStore(data / "asteria.db")
+    try:
+        [run] = store.list_runs()
+        assert run["id"] == folder.name and run["status"] == "finished"
+        steps = store.steps(run["id"], 0, 1000)
+        assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+        assert {s["distributed"]["world"] for s in steps} == {2}
+    finally:
+        store.close()
+    target = (data / "targets" / "asteria-rank1.yml").read_text()
+    assert 'rank: "1"' in target and "127.0.0.1:" in target
+    assert not (data / "targets" / "asteria-rank0.yml").exists()  # rank 0: the control plane
+
+
+def _rank_pid(launcher: int, rank: int) -> int:
+    for pid in descendants(launcher):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=%d" % rank in env:
+            return pid
+    raise AssertionError(f"no process of rank {rank} under {launcher}")
+
+
+def test_a_signal_on_one_rank_stops_every_rank_at_one_step_and_a_relaunch_resumes_exactly(
+        tmp_path, straight):
+    """SIGTERM to rank 1 alone: every rank stops at one step and checkpoints it; the same
+    command launched again (train.resume = auto) resumes there and ends with the parameters of
+    the uninterrupted run, bit for bit, with each step's record once."""
+    proc = launch("asteria_core.cli", tmp_path, "--train.resume", "auto")
+    signalled = False
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            records = list(tmp_path.glob("*/steps.jsonl"))
+            if records and len(records[0].read_text().splitlines()) >= 25:
+                os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+                signalled = True
+                break
+            time.sleep(0.01)
+    finally:
+        _, err = finish(proc, ok=False)
+    assert signalled, err[-3000:]
+    assert proc.returncode != 0  # torchrun reports the rank the signal stopped
+    assert "rank 1: stopped by SIGTERM at step" in err, err[-3000:]
+    folder = run_dir(tmp_path)
+    stopped = [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"],
+               ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["step"]]
+    assert stopped[0] == stopped[1], stopped
+    assert 25 <= stopped[0] < STEPS, f"the signal came too late: {stopped}"
+    assert steps_of(folder)[-1]["step"] == stopped[0]
+
+    out, _ = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
+    assert f"resumed {folder / ckpt.CHECKPOINT_NAME} at step {stopped[0]}" in out
+    assert run_dir(tmp_path) == folder  # the same run, continued
+    expected = models(straight[0])
+    got = models(folder)
+    assert same(got[0], got[1])
+    assert same(got[0], expected[0])
+    assert [r["step"] for r in steps_of(folder)] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
+
+
+def test_a_bad_combination_stops_every_rank_naming_the_key(tmp_path):
+    proc = launch("asteria_core.cli", tmp_path, "--policy.swap_mode", "opportunistic")
+    _, err = finish(proc, ok=False)
+    assert proc.returncode != 0
+    assert "asteria: config error: policy.swap_mode: got 'opportunistic'; allowed: " \
+           "deterministic in a data-parallel run" in err, err[-3000:]
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_checks_name_the_key_before_anything_is_built():
+    two = Ranks(rank=0, world=2, local_rank=0, local_world=2)
+    config = RunConfig()
+    parallel.check(config, two)
+    parallel.check(dataclasses.replace(
+        config, policy=dataclasses.replace(config.policy, swap_mode="opportunistic")), Ranks())
+    bad = {"policy.swap_mode": dataclasses.replace(
+               config, optim=dataclasses.replace(config.optim, name="soap"),
+               policy=dataclasses.replace(config.policy, swap_mode="opportunistic")),
+           "policy.disk_dir": dataclasses.replace(
+               config, policy=dataclasses.replace(config.policy, disk_dir="/tmp/tiers")),
+           "train.cpus": dataclasses.replace(
+               config, train=dataclasses.replace(config.train, cpus="0"))}
+    for key, wrong in bad.items():
+        with pytest.raises(ConfigError, match=f"^{key}: got .*; allowed: "):
+            parallel.check(wrong, two)
+    with pytest.raises(ValueError, match="torchrun environment: got RANK 2, WORLD_SIZE 2"):
+        Ranks.from_env({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"})
+    assert Ranks.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
+                           "LOCAL_WORLD_SIZE": "2"}) == Ranks(3, 4, 1, 2)
+    assert Ranks.from_env({}) == Ranks()
+
+
+def test_a_data_parallel_checkpoint_resumes_only_the_layout_that_wrote_it(straight, tmp_path):
+    config = RunConfig()
+    config = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, out_dir=str(tmp_path), resume=str(straight[0] / ckpt.CHECKPOINT_NAME)))
+    with pytest.raises(ValueError, match=r"^train.resume: .* was written by a run of 2 "
+                                         r"rank\(s\), 2 per node; this run has 1"):
+        Trainer(config)
