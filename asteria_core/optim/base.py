@@ -65,6 +65,14 @@ class Residency(Protocol):
     def adopt_all(self) -> None: ...
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) parameter or gradient, a view that shares its
+    storage; any other tensor itself. Under FSDP2 every rank preconditions its own shard as a
+    tensor of its own (docs/architecture.md, "Data-parallel runs")."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
 def check_choice(name: str, value: Any, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name}: got {value!r}; allowed: {' | '.join(map(str, choices))}")
@@ -174,11 +182,14 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 continue
             if p.grad.is_sparse:
                 raise TypeError(f"{type(self).__name__} does not support sparse gradients")
+            shard = local_shard(p)
+            if shard.numel() == 0:
+                continue  # FSDP2 left this rank no rows of it
             layout = self._layout(index, p, group)
-            grad = p.grad.reshape(layout.shape)
+            grad = local_shard(p.grad).reshape(layout.shape)
             self._stepping = index
             with self._resident(index, self.state[p], "step"):
-                refresh_due = self._step_param(p, grad, self.state[p], layout, group)
+                refresh_due = self._step_param(shard, grad, self.state[p], layout, group)
             if refresh_due:
                 due.extend(BlockKey(index, dim, c) for dim, c, _ in layout.blocks())
         self._boundary(due)
@@ -216,7 +227,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
     def refresh_blocks(self) -> list[BlockInfo]:
         """Every refresh block of every parameter, in a fixed order (known before step 1)."""
         return [BlockInfo(BlockKey(index, dim, c), size, float(size) ** 3)
-                for index, p, group in self._indexed_params()
+                for index, p, group in self._indexed_params() if local_shard(p).numel()
                 for dim, c, size in self._layout(index, p, group).blocks()]
 
     def due_blocks(self) -> tuple[BlockKey, ...]:
@@ -352,7 +363,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         for i, p, group in self._indexed_params():
             if i == index:
                 layout = self._layout(index, p, group)
-                p_meta = torch.empty_like(p, device="meta")
+                p_meta = torch.empty_like(local_shard(p), device="meta")
                 state: dict = {}
                 self._stepping = index
                 self._step_param(p_meta, torch.empty(layout.shape, dtype=p.dtype, device="meta"),
@@ -414,11 +425,13 @@ class BlockPreconditioner(torch.optim.Optimizer):
         self.residency.release(index, state, writes)
 
     def _layout(self, index: int, p: torch.Tensor, group: dict) -> Layout:
-        spec = (tuple(p.shape), group["max_precond_dim"], group["block_size"],
+        """The layout of this rank's part of p (all of it, unless FSDP2 shards it)."""
+        shape = tuple(local_shard(p).shape)
+        spec = (shape, group["max_precond_dim"], group["block_size"],
                 group["merge_dims"], group["precondition_1d"])
         cached = self._layouts.get(index)
         if cached is None or cached[0] != spec:
-            layout = make_layout(p.shape, max_precond_dim=spec[1], block_size=spec[2],
+            layout = make_layout(shape, max_precond_dim=spec[1], block_size=spec[2],
                                  merge=spec[3], precondition_1d=spec[4])
             cached = self._layouts[index] = (spec, layout)
         return cached[1]

@@ -42,12 +42,12 @@ import torch
 import torch.distributed as dist
 
 from asteria_core.distributed import PolicySync, Topology, VersionExchange, assign_owners
-from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.optim.base import BlockPreconditioner, local_shard
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy, PolicyError
 from asteria_core.refresh import RefreshEngine
 from asteria_core.telemetry.config import TelemetryConfig
-from asteria_core.telemetry.records import JsonlWriter, StepRecord
+from asteria_core.telemetry.records import DistributedFigures, JsonlWriter, StepRecord
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
 from asteria_core.telemetry.timing import PhaseTimer, PhaseToken
 from asteria_core.tiers import TierStore
@@ -117,9 +117,12 @@ class Runtime:
         self.tiers: TierStore | None = None
         self.exchange: VersionExchange | None = None
         self.policy_sync: PolicySync | None = None
+        self.sharded = parallel and any(local_shard(p) is not p for p in params)
+        """FSDP2: every rank preconditions the shards it holds, so no basis travels."""
+        self._shards = _shard_figures(optimizer) if self.sharded else None
         if parallel:  # every group is created in this order on every rank
             self.policy_sync = PolicySync(self.policy, dist.get_rank(), self.reporter)
-            if isinstance(optimizer, BlockPreconditioner):
+            if isinstance(optimizer, BlockPreconditioner) and not self.sharded:
                 self.exchange = _exchange_for(optimizer, self.policy)
                 optimizer.keeps_factor = self.exchange.owns  # only owners keep factors
         if isinstance(optimizer, BlockPreconditioner):
@@ -369,6 +372,8 @@ class Runtime:
             sections["refresh"] = self.refresh.figures
         if self.exchange is not None:
             sections["distributed"] = self.exchange.figures()
+        elif self._shards is not None:
+            sections["distributed"] = self._shards
         for hook in list(self._boundary_hooks):
             hook(self.step)
         return sections
@@ -381,6 +386,14 @@ def _data_parallel(distributed: bool | None) -> bool:
         raise ValueError("distributed: got True, but torch.distributed is not initialized; "
                          "launch with torchrun and call init_process_group first")
     return distributed is not False and running and dist.get_world_size() > 1
+
+
+def _shard_figures(optimizer: torch.optim.Optimizer) -> DistributedFigures:
+    """FSDP2: this rank refreshes the blocks of its own shards and sends no basis."""
+    topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
+    blocks = len(optimizer.refresh_blocks()) if isinstance(optimizer, BlockPreconditioner) else 0
+    return DistributedFigures(rank=topology.rank, world=topology.world, node=topology.node,
+                              owned_blocks=blocks, bytes_sent=0, bytes_received=0)
 
 
 def _shared_run_id(run_id: str) -> str:
