@@ -82,6 +82,10 @@ def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: 
                       f"*{plot['caption']}*", ""]
         if d["findings"]:
             lines += ["What the numbers say:", ""] + [f"- {f}" for f in d["findings"]] + [""]
+        notes = sorted(out_dir.glob(f"{d['suite']}-*.md"))
+        if notes:  # a hand-written analysis beside the suite's JSON (a profile, a follow-up)
+            lines += ["Further analysis: " + ", ".join(
+                f"[{n.name}]({(rel / n.name).as_posix()})" for n in notes) + ".", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
