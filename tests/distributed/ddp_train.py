@@ -2,7 +2,8 @@
 (or alone with --single, the single-process reference on the same global batch).
 
 Writes <out>/rank<r>.pt (the parameters) and <out>/rank<r>.json (per-step staleness and waits,
-bytes exchanged, blocks owned).
+bytes exchanged, blocks owned). With --checkpoint-every, a rank that finds its checkpoint resumes
+from it: after a relaunch of the job, or after torchrun restarted it in place (--max-restarts).
 """
 
 from __future__ import annotations
@@ -53,6 +54,24 @@ def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return batches
 
 
+def init_process_group(backend: str) -> None:
+    """`dist.init_process_group(backend)` for a torchrun worker, on a store prefix of its
+    attempt, so that torchrun can restart the ranks in place (`--max-restarts`).
+
+    torchrun's rendezvous keeps one TCPStore across attempts (its agent's, on MASTER_PORT), and a
+    gloo group finds each rank's address under keys named after the group only: the same keys
+    in every attempt. A restarted rank that got to a group before its peer read the dead
+    attempt's address there and failed in connectFullMesh (connection refused) or waited for a
+    connection that never came. Under the attempt's prefix every key is new, for the default
+    group and every group `new_group` makes from its store (the runtime's side groups).
+    TORCHELASTIC_RESTART_COUNT counts the restarts of a node's worker group: the same on every
+    rank on one node, and across nodes as long as every node's workers restart together."""
+    store, rank, world = next(dist.rendezvous("env://"))  # torchrun's store, as env:// makes it
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
+                            rank=rank, world_size=world)
+
+
 def slow(seconds: float):
     def refresh(snapshot, config):
         time.sleep(seconds)
@@ -85,7 +104,7 @@ def main() -> None:
     torch.set_default_dtype(torch.float64)
     rank, world = 0, 1
     if not args.single:
-        dist.init_process_group("gloo")
+        init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = Net()
@@ -149,6 +168,7 @@ def main() -> None:
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world": world, "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "steps": [{"step": r.step, "loss": r.loss, "policy_version": r.policy_version,
                    "sync_wait": r.timing.idle_seconds["sync_wait"],
                    "refresh_wait": r.timing.idle_seconds["refresh_wait"],

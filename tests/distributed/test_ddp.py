@@ -167,11 +167,10 @@ def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path):
 
 def test_a_killed_rank_stops_the_job_naming_it_and_a_restart_resumes_exactly(tmp_path):
     """Each rank checkpoints every 10 steps (its own optimizer shard: only owners hold factor
-    statistics). Rank 1 is SIGKILLed at step 15: torchrun stops the job with an error naming
-    the rank, and the checkpoints stay; the job launched again resumes from step 10 and ends
-    where an uninterrupted run ends, bit for bit. (torchrun's own in-place restart,
-    --max-restarts, does not work yet: the restarted ranks fail to connect the runtime's side
-    groups; issue 17.)"""
+    statistics). Rank 1 is SIGKILLed at step 15: torchrun (without --max-restarts) stops the
+    job with an error naming the rank, and the checkpoints stay; the job launched again resumes
+    from step 10 and ends where an uninterrupted run ends, bit for bit. (torchrun's in-place
+    restart, --max-restarts, resumes the same way: test_restart.py.)"""
     straight = tmp_path / "straight"
     torchrun(straight, "--checkpoint-every", "10")
     expected = [torch.load(straight / f"rank{r}.pt") for r in range(2)]
@@ -189,8 +188,8 @@ def test_a_killed_rank_stops_the_job_naming_it_and_a_restart_resumes_exactly(tmp
     assert "rank      : 1" in proc.stderr and "Signal 9 (SIGKILL)" in proc.stderr
     assert all((died / "ckpt" / f"rank{r}.pt").is_file() for r in range(2))  # kept
 
-    # Launched again on the same folder (what `torchrun --max-restarts` would do, see the
-    # docstring), the job resumes from the checkpoints the dead one kept.
+    # Launched again on the same folder (what `torchrun --max-restarts` does in place), the job
+    # resumes from the checkpoints the dead one kept.
     torchrun(died, "--checkpoint-every", "10")
     params, reports = ranks(died, 2)
     for got, want in zip(params, expected, strict=True):
