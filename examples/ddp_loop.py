@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
 import backend
-from asteria_core.distributed import serve_rank_metrics
+from asteria_core.distributed import init_process_group, serve_rank_metrics
 from asteria_core.train.data import BatchLoader, encode, load_corpus, split_tokens
 from asteria_core.train.model import GPT, ModelConfig
 
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     cli.add_argument("--data-dir", default="asteria-data")
     cli.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2")
     args = cli.parse_args(argv)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    # torchrun --max-restarts can restart the ranks in place: a fresh store prefix per attempt
+    init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank()
     device = torch.device("cpu")
     if torch.cuda.is_available():  # one GPU per rank

@@ -10,7 +10,8 @@ rank (`assign_owners`); only the owner snapshots and refreshes it, on its own ho
 from asteria_core.distributed.exchange import Transfer, VersionExchange
 from asteria_core.distributed.metrics import serve_rank_metrics
 from asteria_core.distributed.policy_sync import PolicySync
+from asteria_core.distributed.process_group import init_process_group
 from asteria_core.distributed.topology import Topology, assign_owners
 
 __all__ = ["PolicySync", "Topology", "Transfer", "VersionExchange", "assign_owners",
-           "serve_rank_metrics"]
+           "init_process_group", "serve_rank_metrics"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from asteria_core.distributed import init_process_group
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.validation import ConfigError
@@ -139,7 +140,7 @@ def init_group(device: torch.device, ranks: Ranks) -> bool:
             raise ValueError(f"train.device: got {device.type!r}, but the process group's "
                              f"backend is {backend} (CUDA tensors only); allowed: cuda or auto")
         return False
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    init_process_group("nccl" if device.type == "cuda" else "gloo")  # restartable in place
     return True
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
-from asteria_core.distributed import serve_rank_metrics
+from asteria_core.distributed import init_process_group, serve_rank_metrics
 from asteria_core.optim.seam import refresh_fn
 
 GLOBAL_BATCH, IN, HIDDEN, OUT = 64, 24, 24, 24
@@ -52,24 +52,6 @@ def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         x = torch.randn(GLOBAL_BATCH, IN, generator=g)
         batches.append((x, torch.sin(x @ teacher)))
     return batches
-
-
-def init_process_group(backend: str) -> None:
-    """`dist.init_process_group(backend)` for a torchrun worker, on a store prefix of its
-    attempt, so that torchrun can restart the ranks in place (`--max-restarts`).
-
-    torchrun's rendezvous keeps one TCPStore across attempts (its agent's, on MASTER_PORT), and a
-    gloo group finds each rank's address under keys named after the group only: the same keys
-    in every attempt. A restarted rank that got to a group before its peer read the dead
-    attempt's address there and failed in connectFullMesh (connection refused) or waited for a
-    connection that never came. Under the attempt's prefix every key is new, for the default
-    group and every group `new_group` makes from its store (the runtime's side groups).
-    TORCHELASTIC_RESTART_COUNT counts the restarts of a node's worker group: the same on every
-    rank on one node, and across nodes as long as every node's workers restart together."""
-    store, rank, world = next(dist.rendezvous("env://"))  # torchrun's store, as env:// makes it
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
-                            rank=rank, world_size=world)
 
 
 def slow(seconds: float):

@@ -27,6 +27,7 @@ from ddp_train import GLOBAL_BATCH, POLICY  # this script's folder
 from torch import nn
 
 import asteria_core as asteria
+from asteria_core.distributed import init_process_group
 
 IN, HIDDEN, OUT = 12, 24, 48
 
@@ -93,7 +94,7 @@ def main() -> None:
     torch.set_default_dtype(torch.float64)  # as ddp_train: rounding stays far below 1e-5
     rank, world = 0, args.single
     if not args.single:
-        dist.init_process_group("gloo")
+        init_process_group("gloo")  # restartable in place
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     if args.single:

@@ -141,14 +141,15 @@ def test_owners_balance_refresh_cost_over_nodes_then_ranks():
         Topology(world=3, rank=0, local_world=2)
 
 
-def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--fsdp"]], ids=["DDP", "FSDP2"])
+def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path, mode):
     """examples/ddp_loop.py under torchrun: rank 0 serves the run, rank 1 its own /metrics."""
     example = Path(__file__).parents[2] / "examples" / "ddp_loop.py"
     data = tmp_path / "data"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-port", str(free_port()), str(example), "--steps", "12", "--port",
-         str(free_port()), "--metrics-port", "0", "--data-dir", str(data)],
+         str(free_port()), "--metrics-port", "0", "--data-dir", str(data), *mode],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rank 0: final loss" in proc.stdout and "rank 1: final loss" in proc.stdout
@@ -159,6 +160,9 @@ def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path):
         steps = store.steps(run["id"], 0, 100)
         assert [s["step"] for s in steps] == list(range(1, 13))
         assert {s["distributed"]["world"] for s in steps} == {2}
+        if mode:  # FSDP2: each rank preconditions its own shards, so no basis travels
+            assert {s["distributed"]["bytes_sent"] + s["distributed"]["bytes_received"]
+                    for s in steps} == {0}
     finally:
         store.close()
     target = (data / "targets" / "asteria-rank1.yml").read_text()

@@ -1,9 +1,9 @@
 """torchrun's in-place restart (`--max-restarts`): a rank dies, torchrun stops the others and
 starts every rank again on the same rendezvous store. The workers init the process group on a
-store prefix of their attempt (`ddp_train.init_process_group`: torchrun keeps its store, and
-gloo's keys of the dead attempt would otherwise be read), connect the default group and the
-runtime's side groups afresh, resume from their checkpoints and end where an uninterrupted run
-ends."""
+store prefix of their attempt (`asteria_core.distributed.init_process_group`: torchrun keeps
+its store, and gloo's keys of the dead attempt would otherwise be read), connect the default
+group and the runtime's side groups afresh, resume from their checkpoints and end where an
+uninterrupted run ends."""
 
 from __future__ import annotations
 
