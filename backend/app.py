@@ -30,7 +30,7 @@ from backend.auth import load_or_create_token, token_matches
 from backend.deps import require_token
 from backend.events import Broadcaster
 from backend.fastlane import LiveReadFastLane
-from backend.routes import data, policy, runs
+from backend.routes import data, policy, ranks, runs
 from backend.runs import RunConflict, RunManager, RunNotFound
 from backend.settings import Settings, get_settings
 from backend.store import RunStore, StoreError
@@ -47,7 +47,7 @@ def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
 
 
-API_MODULES = (runs, policy, data)
+API_MODULES = (runs, policy, data, ranks)
 
 
 def _routes(app: FastAPI) -> list[BaseRoute]:

@@ -133,3 +133,41 @@ def compare(data: pd.DataFrame, x: str, *, title: str,
         layers.append(alt.Chart(marks.dropna(subset=[x])).mark_rule(strokeDash=[5, 3]).encode(
             x=_x(x), color=color, tooltip=["run:N", "label:N", "step:Q", "text:N"]))
     return alt.layer(*layers).properties(title=title, height=HEIGHT + 60, usermeta=SVG)
+
+
+IDLE_COLOURS = {"sync_wait": MARK, "refresh_wait": "#4c78a8", "transfer_wait": "#72b7b2",
+                "data_wait": "#54a24b", "other": "#bab0ac"}
+"""Idle causes per rank: sync_wait (waiting for another rank) in the marker red, the rest muted."""
+
+
+def rank_idle(data: pd.DataFrame, ranks: list[str]) -> alt.Chart:
+    """Idle seconds since the start per rank, stacked by cause, sync_wait at the bottom; every
+    rank of `ranks` has its place on the axis (an unreachable one stays empty)."""
+    causes = [c for c in IDLE_COLOURS if c in set(data["series"])] or list(IDLE_COLOURS)
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X("rank:N", title=None, scale=alt.Scale(domain=ranks), sort=ranks,
+                axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("value:Q", title="seconds since the start", stack="zero"),
+        color=alt.Color("series:N", legend=_legend(), sort=causes, scale=alt.Scale(
+            domain=causes, range=[IDLE_COLOURS[c] for c in causes])),
+        order=alt.Order("order:Q"),
+        tooltip=["rank:N", alt.Tooltip("series:N", title="cause"),
+                 alt.Tooltip("value:Q", title="seconds", format=".4g")],
+    ).properties(title="device idle by cause per rank (red: sync_wait, waiting for other ranks)",
+                 height=HEIGHT, usermeta=SVG)
+
+
+def rank_bars(data: pd.DataFrame, ranks: list[str], *, title: str, y_title: str,
+              ticks: pd.DataFrame | None = None) -> alt.LayerChart:
+    """Bars per rank, one beside the other per `series`; `ticks` (rank, series, value) are drawn
+    as dashed marks across each rank (such as the staleness bound)."""
+    x = alt.X("rank:N", title=None, scale=alt.Scale(domain=ranks), sort=ranks,
+              axis=alt.Axis(labelAngle=0))
+    tip = ["rank:N", "series:N", alt.Tooltip("value:Q", format=",.4g")]
+    layers = [alt.Chart(data).mark_bar().encode(
+        x=x, xOffset="series:N", y=alt.Y("value:Q", title=y_title),
+        color=alt.Color("series:N", legend=_legend("bottom")), tooltip=tip)]
+    if ticks is not None and not ticks.empty:
+        layers.append(alt.Chart(ticks).mark_tick(color=MARK, thickness=2, strokeDash=[4, 2])
+                      .encode(x=x, y="value:Q", tooltip=tip))
+    return alt.layer(*layers).properties(title=title, height=HEIGHT, usermeta=SVG)

@@ -160,6 +160,10 @@ class Client:
         return self._json("GET", f"/runs/{run_id}/steps", f"steps of {run_id}",
                           params={"since": since, "limit": limit})
 
+    def ranks(self, run_id: str) -> dict[str, Any]:
+        """Every rank of a data-parallel run, read now by the control plane (RanksPublic)."""
+        return self._json("GET", f"/runs/{run_id}/ranks", f"ranks of {run_id}")
+
     def metrics(self) -> str:
         return self._call("GET", "/metrics", "metrics").text
 

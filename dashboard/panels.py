@@ -161,3 +161,46 @@ def refresh(b: pd.DataFrame, marks: pd.DataFrame) -> None:
                                        y_title=unit, marks=marks), title, marks)
             else:
                 _absent(title.split(" (")[0].capitalize(), "The refresh engine reports it.")
+
+
+def ranks(view: dict[str, Any]) -> None:
+    """Every rank of a data-parallel run (GET /runs/{id}/ranks): a table, idle by cause per rank
+    (sync_wait in red), staleness against its bound and the bytes each rank's exchange moved;
+    a rank that did not answer is marked and keeps its place on every chart, without bars."""
+    entries = view["ranks"]
+    labels = [series.rank_label(e) for e in entries]
+    nodes = {e["node"] for e in entries if e["node"] is not None}
+    st.caption(f"{view['world']} ranks" + (f" on {len(nodes)} node{'s' * (len(nodes) > 1)}"
+                                           if nodes else "")
+               + ". Rank 0's figures are this control plane's own, every other rank's are read "
+               "from its /metrics (its file_sd target); totals since the run started."
+               + (f" Only the first {len(entries)} ranks are listed." if view.get("truncated")
+                  else ""))
+    for e in entries:
+        if not e["reachable"]:
+            st.warning(f"**Rank {e['rank']}** has no figures: {e['error'] or 'no answer'}. "
+                       "Its row is blank and its place on the charts empty.",
+                       icon=":material/link_off:")
+    st.dataframe(series.ranks_table(view), hide_index=True, width=WIDE)
+    idle = series.idle_by_rank(view)
+    stale = series.rank_figures(view, {"staleness": "staleness max"})
+    bounds = series.rank_figures(view, {"staleness_bound": "bound"})
+    moved = series.rank_figures(view, {"bytes_sent": "sent", "bytes_received": "received"})
+    cols = st.columns(3)
+    title = "device idle by cause per rank"
+    if idle.empty:
+        with cols[0]:
+            _absent(title.capitalize(), "No rank answered with its idle figures.")
+    else:
+        _show(cols[0], charts.rank_idle(idle, labels), title, None)
+    for col, data, title, unit, ticks, why in (
+            (cols[1], stale, "staleness per rank (dashed: bound)", "steps", bounds,
+             "Only second-order optimizers with a refresh engine report it."),
+            (cols[2], moved, "bytes of new bases per rank", "bytes", None,
+             "A rank reports them after its first step.")):
+        if data.empty:
+            with col:
+                _absent(title.split(" (")[0].capitalize(), why)
+        else:
+            _show(col, charts.rank_bars(data, labels, title=title, y_title=unit, ticks=ticks),
+                  title, None)

@@ -222,3 +222,49 @@ def staleness_distribution(buffer: StepBuffer) -> pd.DataFrame:
     out = pd.DataFrame([{"staleness": v, "verdict": k, "steps": n}
                         for (v, k), n in counts.items()], columns=["staleness", "verdict", "steps"])
     return out.sort_values(["staleness", "verdict"]).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------- ranks
+def rank_label(entry: dict[str, Any]) -> str:
+    """A rank's name on the charts' axis; an unreachable rank says so (it has no bars)."""
+    return f"rank {entry['rank']}" + ("" if entry["reachable"] else " (unreachable)")
+
+
+def ranks_table(view: dict[str, Any]) -> pd.DataFrame:
+    """One row per rank of GET /runs/{id}/ranks: where it runs, whether it answered, its
+    figures (blank where it did not answer or does not report the figure)."""
+    rows = []
+    for entry in view["ranks"]:
+        f = entry.get("figures") or {}
+        idle = f.get("idle_seconds") or {}
+        bound = f.get("staleness_bound")
+        rows.append({
+            "rank": entry["rank"], "node": entry["node"],
+            "status": "answering" if entry["reachable"] else entry["error"] or "no figures",
+            "step": f.get("step"), "idle (s)": sum(idle.values()) if idle else None,
+            "sync_wait (s)": idle.get("sync_wait"),
+            "staleness": None if f.get("staleness") is None else
+            f"{f['staleness']} / {bound if bound is not None else '-'}",
+            "refreshes": f.get("refreshes"), "failed": f.get("refresh_failures"),
+            "refresh work (s)": f.get("refresh_seconds"), "blocks owned": f.get("owned_blocks"),
+            "bytes sent": f.get("bytes_sent"), "bytes received": f.get("bytes_received")})
+    return pd.DataFrame(rows)
+
+
+def idle_by_rank(view: dict[str, Any]) -> pd.DataFrame:
+    """Idle seconds since the start per (rank, cause), long form: rank, series, value, order
+    (sync_wait first, so it sits at the bottom of each rank's stack)."""
+    order = ("sync_wait", *(c for c in IDLE_CAUSES if c != "sync_wait"))
+    rows = [{"rank": rank_label(e), "series": cause, "value": seconds,
+             "order": order.index(cause) if cause in order else len(order)}
+            for e in view["ranks"] if e["reachable"]
+            for cause, seconds in (e["figures"].get("idle_seconds") or {}).items()]
+    return pd.DataFrame(rows, columns=["rank", "series", "value", "order"])
+
+
+def rank_figures(view: dict[str, Any], fields: dict[str, str]) -> pd.DataFrame:
+    """{figure: series name} of every rank that answered, long form: rank, series, value."""
+    rows = [{"rank": rank_label(e), "series": name, "value": e["figures"][field]}
+            for e in view["ranks"] if e["reachable"]
+            for field, name in fields.items() if e["figures"].get(field) is not None]
+    return pd.DataFrame(rows, columns=["rank", "series", "value"])

@@ -137,6 +137,11 @@ def metrics(base: str) -> str:
     return Client(base).metrics()
 
 
+@st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
+def ranks(base: str, run_id: str) -> dict[str, Any]:
+    return Client(base).ranks(run_id)
+
+
 @st.cache_data(ttl=SCHEMA_TTL, max_entries=16, show_spinner=False)
 def openapi(base: str) -> dict[str, Any]:
     return Client(base).openapi()

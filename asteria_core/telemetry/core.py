@@ -187,6 +187,8 @@ class Telemetry:
             self._losses["train_loss"] = record.loss
         if record.eval_loss is not None:
             self._losses["eval_loss"] = record.eval_loss
+        if record.distributed is not None:
+            self._exporter.set_distributed(record.distributed)
         self._exporter.add_idle(self._ledger.take_outside())
         self.energy.poll()
         joules = {**self.energy.joules_by_source(), **self._step_estimate}

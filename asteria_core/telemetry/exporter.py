@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, start_http_server
 from prometheus_client.registry import Collector
 
 from asteria_core.telemetry.energy import DeviceSnapshot
+from asteria_core.telemetry.records import DistributedFigures
 from asteria_core.telemetry.reporter import IDLE_CAUSES
 from asteria_core.telemetry.timing import PHASES
 
@@ -105,6 +106,33 @@ class _DeviceCollector(Collector):
                                     "loss for energy-to-target.", value=snap.target_loss)
 
 
+class _DistributedCollector(Collector):
+    """A data-parallel rank's place and what its version exchange moved, from its newest step
+    record's `distributed` section; no series outside a data-parallel run. No `rank` label:
+    Prometheus puts the file_sd target's `rank` on every series of the rank."""
+
+    def __init__(self) -> None:
+        self.figures: DistributedFigures | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.figures
+        if f is None:
+            return
+        yield GaugeMetricFamily("asteria_distributed_rank", "This process's rank in the "
+                                "data-parallel run.", value=f.rank)
+        yield GaugeMetricFamily("asteria_distributed_node", "The node this rank runs on "
+                                "(torchrun's layout).", value=f.node)
+        yield GaugeMetricFamily("asteria_distributed_owned_blocks", "Preconditioner blocks "
+                                "this rank refreshes.", value=f.owned_blocks)
+        moved = CounterMetricFamily("asteria_distributed_exchange_bytes", "Logical bytes of "
+                                    "new bases this rank's version exchange moved since the "
+                                    "start: sent (payload x receivers) and received.",
+                                    labels=["direction"])
+        moved.add_metric(["sent"], f.bytes_sent)
+        moved.add_metric(["received"], f.bytes_received)
+        yield moved
+
+
 class MetricsExporter:
     """The run's metrics; methods are called by `Telemetry`, never by the training loop."""
 
@@ -143,6 +171,11 @@ class MetricsExporter:
                               ["run_id", "optimizer", "mode"], registry=r)
         self._run_labels: tuple[str, str, str] | None = None
         r.register(_DeviceCollector(snapshot))
+        self._distributed = _DistributedCollector()
+        r.register(self._distributed)
+
+    def set_distributed(self, figures: DistributedFigures) -> None:
+        self._distributed.figures = figures
 
     def set_run_info(self, run_id: str, optimizer: str, mode: str) -> None:
         if self._run_labels is not None:

@@ -20,6 +20,18 @@ def metrics_text(base: str, run: dict[str, Any]) -> str:
         return ""
 
 
+def ranks_view(base: str, run: dict[str, Any]) -> dict[str, Any] | None:
+    """The active run's ranks (GET /runs/{id}/ranks) when it has more than one; else None (a
+    past run, a single-process run, or a control plane without the route)."""
+    if run["status"] not in ACTIVE:
+        return None
+    try:
+        view = state.ranks(base, run["id"])
+    except ApiError:
+        return None
+    return view if view.get("data_parallel") and view.get("world", 1) > 1 else None
+
+
 def draw(base: str, run: dict[str, Any]) -> None:
     """Everything that moves: headline numbers, markers and every chart."""
     run_id = run["id"]
@@ -52,6 +64,10 @@ def draw(base: str, run: dict[str, Any]) -> None:
     text = metrics_text(base, now)
     panels.tiers(binned, marks, policy,
                  series.gauge_by_label(text, "asteria_tier_capacity_bytes", "tier"))
+    view = ranks_view(base, now)
+    if view is not None:
+        st.subheader("Ranks")
+        panels.ranks(view)
 
 
 def main() -> None:
