@@ -207,7 +207,9 @@ def _check_the_truth(browser, dashboard, http, live_run, api, expect) -> None:
         last = steps[-1]["step"]
         wait_until(lambda: step.inner_text() == str(last), 30, 0.2, "the page at the last step")
         page.wait_for_timeout(3000)  # the charts of that refresh are drawn
-        seen = page.evaluate(READ_PAGE)
+        # On a loaded machine Vega may still be drawing them: read once they have marks.
+        seen = wait_until(lambda: (s := page.evaluate(READ_PAGE))["bars"] and s["power"] and s,
+                          30, 0.5, "the staleness and power charts drawn")
     finally:
         http.post(f"/runs/{live_run}/resume")
 

@@ -35,21 +35,23 @@ class Net(nn.Module):
     GPT's embedding factor does not: rows of unseen tokens make eigenvalues tie at zero, and
     the eigenvectors there follow rounding noise, so runs that differ by rounding part ways)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dims: tuple[int, int, int] = (IN, HIDDEN, OUT)) -> None:
         super().__init__()
-        self.hidden, self.out = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, OUT)
+        n_in, hidden, n_out = dims
+        self.hidden, self.out = nn.Linear(n_in, hidden), nn.Linear(hidden, n_out)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pred = self.out(torch.tanh(self.hidden(x)))
         return pred, nn.functional.mse_loss(pred, y)
 
 
-def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def global_batches(steps: int, n_in: int = IN,
+                   n_out: int = OUT) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1234)
-    teacher = torch.randn(IN, OUT, generator=g)
+    teacher = torch.randn(n_in, n_out, generator=g)
     batches = []
     for _ in range(steps):
-        x = torch.randn(GLOBAL_BATCH, IN, generator=g)
+        x = torch.randn(GLOBAL_BATCH, n_in, generator=g)
         batches.append((x, torch.sin(x @ teacher)))
     return batches
 

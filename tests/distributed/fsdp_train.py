@@ -20,10 +20,11 @@ import json
 import os
 from pathlib import Path
 
+import ddp_train  # this script's folder
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ddp_train import GLOBAL_BATCH, POLICY  # this script's folder
+from ddp_train import GLOBAL_BATCH, POLICY
 from torch import nn
 
 import asteria_core as asteria
@@ -32,26 +33,16 @@ from asteria_core.distributed import init_process_group
 IN, HIDDEN, OUT = 12, 24, 48
 
 
-class Net(nn.Module):
+def make_net() -> ddp_train.Net:
     """ddp_train's regression MLP, shaped so that every shard of a weight on 2 ranks is square
     ((12, 12) and (24, 24)): both factors of a shard have full rank from the first step. (A
     rank-deficient factor ties eigenvalues at zero, and there the eigenvectors follow rounding
     noise, so runs that differ by rounding, as a reduce-scatter and one process do, part ways.)"""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hidden, self.out = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, OUT)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pred = self.out(torch.tanh(self.hidden(x)))
-        return pred, nn.functional.mse_loss(pred, y)
+    return ddp_train.Net((IN, HIDDEN, OUT))
 
 
 def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1234)
-    teacher = torch.randn(IN, OUT, generator=g)
-    return [(x, torch.sin(x @ teacher)) for x in
-            (torch.randn(GLOBAL_BATCH, IN, generator=g) for _ in range(steps))]
+    return ddp_train.global_batches(steps, IN, OUT)
 
 
 class SplitLinear(nn.Module):
@@ -69,11 +60,11 @@ class SplitLinear(nn.Module):
 class SplitNet(nn.Module):
     """Net with every parameter split into the row pieces FSDP2 gives `world` ranks."""
 
-    def __init__(self, net: Net, world: int) -> None:
+    def __init__(self, net: nn.Module, world: int) -> None:
         super().__init__()
         self.hidden, self.out = SplitLinear(net.hidden, world), SplitLinear(net.out, world)
 
-    forward = Net.forward
+    forward = ddp_train.Net.forward
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {f"{name}.{kind}": torch.cat([p.detach() for p in getattr(layer, pieces)])
@@ -98,11 +89,11 @@ def main() -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     if args.single:
-        model = SplitNet(Net(), world)
+        model = SplitNet(make_net(), world)
     else:
         from torch.distributed.fsdp import fully_shard
 
-        model = Net()
+        model = make_net()
         for layer in (model.hidden, model.out):
             fully_shard(layer)
         fully_shard(model)
