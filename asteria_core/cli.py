@@ -154,10 +154,6 @@ def _who(ranks: Any) -> str:
     return f"rank {ranks.rank}: " if ranks.parallel else ""
 
 
-def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
-    return train_command(config, args)
-
-
 def train_command(config: RunConfig, args: argparse.Namespace,
                   serve: Serve = serve_metrics) -> int:
     """`asteria train`; `serve` starts what the run serves (the `asteria` command's
@@ -288,7 +284,7 @@ Command = Callable[[RunConfig, argparse.Namespace], int]
 
 # name: (help, handler), in the order `asteria --help` lists them.
 COMMANDS: dict[str, tuple[str, Command]] = {
-    "train": ("train a GPT from a config file and overrides", _cmd_train),
+    "train": ("train a GPT from a config file and overrides", train_command),
     "config": ("print the resolved config as TOML", _cmd_config),
     "keys": ("print every config key: its type, allowed values, default and help", _cmd_keys),
 }

@@ -35,11 +35,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
+from asteria_core.distributed.metrics import TARGET_FILE
 from asteria_core.runtime import Runtime
 from asteria_core.telemetry.reporter import IDLE_CAUSES
 
 TARGETS_DIR = "targets"
-TARGET_FILE = "asteria-rank{rank}.yml"
 MAX_RANKS = 128
 """Ranks shown; a larger run lists its first MAX_RANKS (`truncated`)."""
 MAX_TARGET_BYTES = 16 * 1024
@@ -242,16 +242,6 @@ WANTED = frozenset((
 
 
 # ---------------------------------------------------------------------- the view
-def world_size(runtime: Runtime | None) -> int:
-    """Ranks of the run `runtime` belongs to; 1 unless it is one rank of a data-parallel run
-    (the runtime syncs its policy across ranks exactly then)."""
-    if runtime is None or getattr(runtime, "policy_sync", None) is None:
-        return 1
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _entry(rank: int, source: str, address: str | None, parsed: Parsed | None,
            error: str | None, run_id: str) -> RankPublic:
     if parsed is not None and error is None:
@@ -278,11 +268,11 @@ class RankScraper:
 
     def view(self, run_id: str, runtime: Runtime | None) -> RanksPublic:
         now = time.time()
-        world = world_size(runtime)
         if runtime is None:
             return RanksPublic(run_id=run_id, data_parallel=False, world=1, read_at=now,
                                ranks=[], detail=f"run {run_id} is not active: the ranks' "
                                "figures are read live while a data-parallel run trains")
+        world = runtime.world
         if world <= 1:
             return RanksPublic(run_id=run_id, data_parallel=False, world=1, read_at=now,
                                ranks=[], detail="a single-process run: one rank, whose figures "

@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+TARGET_FILE = "asteria-rank{rank}.yml"
+"""A rank's file_sd target file (in the targets folder Prometheus reads)."""
+
 if TYPE_CHECKING:  # importing the runtime loads no prometheus_client
     from asteria_core.telemetry.core import Telemetry
 
@@ -28,7 +31,7 @@ def serve_rank_metrics(telemetry: Telemetry, rank: int, *, host: str = "127.0.0.
     if targets_dir is not None:
         folder = Path(targets_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"asteria-rank{rank}.yml"
+        target = folder / TARGET_FILE.format(rank=rank)
         scratch = target.with_suffix(".tmp")
         scratch.write_text(f'- targets: ["{advertise or host}:{port}"]\n'
                            f'  labels:\n    rank: "{rank}"\n')

@@ -95,6 +95,8 @@ class Runtime:
         self.model = model
         parallel = _data_parallel(distributed)
         self.run_id = run_id or new_run_id()
+        self.world = dist.get_world_size() if parallel else 1
+        """Ranks of the data-parallel run this runtime is one of (1: a single process)."""
         if parallel:  # one run: rank 0's id on every rank
             self.run_id = _shared_run_id(self.run_id)
         self.run_dir = Path(run_dir) if run_dir is not None else Path("runs") / self.run_id
