@@ -11,7 +11,9 @@ file names are `asteria-rank<r>.yml` for r < the run's world size, the URL is bu
 query or user), redirects are not followed and proxies from the environment are not used. The
 address may be any host: in a run over several nodes a rank advertises its own node's address,
 and the file is the operator's (the same trust as the run store and the token file beside it).
-Bounded: at most MAX_RANKS ranks, a target file read up to MAX_TARGET_BYTES, each scrape
+Bounded: at most MAX_RANKS ranks, a target file read up to MAX_TARGET_BYTES as plain YAML
+(no anchors or aliases, MAX_TARGET_NODES values at most) and parsed again only when it
+changes, each scrape
 SCRAPE_SECONDS and MAX_METRICS_BYTES at most, SCRAPE_WORKERS at a time, and a rank scraped at
 most once per CACHE_SECONDS however many clients ask. A rank that does not answer, answers
 something that is not a Prometheus exposition, or serves another run is shown as such; it is
@@ -43,6 +45,9 @@ TARGETS_DIR = "targets"
 MAX_RANKS = 128
 """Ranks shown; a larger run lists its first MAX_RANKS (`truncated`)."""
 MAX_TARGET_BYTES = 16 * 1024
+MAX_TARGET_DEPTH = 8
+MAX_TARGET_NODES = 256
+"""A rank's target file is a list of one group: about ten values, three levels deep."""
 MAX_METRICS_BYTES = 1024 * 1024
 """A rank's exposition is a few kB; anything past this is cut off and the rank not shown."""
 SCRAPE_SECONDS = 2.0
@@ -104,6 +109,32 @@ class RanksPublic(BaseModel):
 
 
 # ---------------------------------------------------------------------- target files
+class TargetRefused(ValueError):
+    """A target file that is not plain, small data."""
+
+
+def load_target(text: str) -> Any:
+    """A target file's YAML as plain data. Its events are checked before anything is built:
+    anchors and aliases are refused (a few hundred bytes of nested aliases stand for billions
+    of values, which whoever walks them then builds: a billion laughs), and so is nesting deeper
+    than MAX_TARGET_DEPTH or more than MAX_TARGET_NODES values; what passes is small."""
+    depth = nodes = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise TargetRefused("uses YAML anchors or aliases")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_TARGET_DEPTH:
+                raise TargetRefused(f"nests deeper than {MAX_TARGET_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        if isinstance(event, yaml.NodeEvent):
+            nodes += 1
+            if nodes > MAX_TARGET_NODES:
+                raise TargetRefused(f"holds more than {MAX_TARGET_NODES} values")
+    return yaml.safe_load(text)
+
+
 def read_target(folder: Path, rank: int) -> tuple[str | None, str | None]:
     """(host:port, None) from rank `rank`'s file_sd target file, or (None, why not)."""
     name = f"{TARGETS_DIR}/{TARGET_FILE.format(rank=rank)}"
@@ -119,10 +150,40 @@ def read_target(folder: Path, rank: int) -> tuple[str | None, str | None]:
     if len(raw) > MAX_TARGET_BYTES:
         return None, f"target file: {name} is larger than {MAX_TARGET_BYTES} bytes"
     try:
-        groups = yaml.safe_load(raw.decode("utf-8"))
-    except Exception as err:  # YAMLError, UnicodeDecodeError, RecursionError (deep nesting)
+        groups = load_target(raw.decode("utf-8"))
+    except TargetRefused as err:
+        return None, f"target file: {name} {err}"
+    except Exception as err:  # YAMLError, UnicodeDecodeError, ValueError (a huge integer)
         return None, f"target file: {name} is not YAML ({type(err).__name__})"
     return _target(groups, rank, name)
+
+
+class TargetFiles:
+    """The ranks' target files, each parsed again only when it changes (its mtime, size or
+    inode: serve_rank_metrics replaces the file whole), so polling the view costs a stat per
+    rank, not a parse."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()
+        self._read: dict[int, tuple[tuple[int, int, int], tuple[str | None, str | None]]] = {}
+        """rank -> (the file's (mtime, size, inode) when read, what it said)."""
+
+    def address(self, rank: int) -> tuple[str | None, str | None]:
+        """(host:port, None) from rank `rank`'s target file, or (None, why not)."""
+        try:
+            stat = (self.folder / TARGET_FILE.format(rank=rank)).stat()
+        except OSError:
+            return read_target(self.folder, rank)  # says why, without caching
+        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        with self._lock:
+            cached = self._read.get(rank)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        answer = read_target(self.folder, rank)
+        with self._lock:
+            self._read[rank] = (key, answer)
+        return answer
 
 
 def _target(groups: Any, rank: int, name: str) -> tuple[str | None, str | None]:
@@ -262,6 +323,7 @@ class RankScraper:
 
     def __init__(self, targets_dir: Path) -> None:
         self.targets_dir = targets_dir
+        self.targets = TargetFiles(targets_dir)
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Parsed | None, str | None]] = {}
         """address -> (when, its figures, why none): parsed, so it stays small."""
@@ -285,7 +347,7 @@ class RankScraper:
         else:
             parsed, error = None, "telemetry is off on rank 0"
         ranks = [_entry(0, "control plane", None, parsed, error, run_id)]
-        addresses = {r: read_target(self.targets_dir, r) for r in range(1, shown)}
+        addresses = {r: self.targets.address(r) for r in range(1, shown)}
         answers = self._scrape(a for a, _ in addresses.values() if a is not None)
         for r, (address, error) in addresses.items():
             parsed, error = answers[address] if address is not None else (None, error)
