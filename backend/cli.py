@@ -1,6 +1,7 @@
 """The `asteria` command.
 
     asteria start                         # the product on the embedded default corpus
+    asteria start --resume                # continue the newest stopped run from its checkpoint
     asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
     asteria config --config run.toml      # print the resolved config as TOML
     asteria keys optim                    # every key of a section: type, range, default, help
@@ -40,9 +41,14 @@ SERVED_RUN = {
 
 
 def _cmd_start(config: RunConfig, args: argparse.Namespace) -> int:
-    from backend.launch import start
+    from backend.launch import NEWEST, start
 
-    return start(config, progress=not args.no_progress)
+    if args.resume is not None and config != core.resolve_config(None, [], SERVED_RUN):
+        print("asteria: config error: --resume continues a run with the config it was started "
+              "with; allowed: no --config and no overrides with --resume", file=sys.stderr)
+        return 2
+    resume = None if args.resume is None else args.resume or NEWEST
+    return start(config, progress=not args.no_progress, resume=resume)
 
 
 def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
@@ -65,8 +71,9 @@ def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
 def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     """The core's `train`; with --control-port also the control plane, attached to the run
     (rank 0's in a data-parallel run: its PATCHes reach every rank at one step, its stop stops
-    every rank), and every other rank's /metrics for Prometheus (serve_rank_metrics, on
-    --metrics-port + rank or any free port, its file_sd target in DATA_DIR/targets)."""
+    every rank, its /metrics is rank 0's), and every other rank's /metrics for Prometheus
+    (serve_rank_metrics, on --metrics-port + rank or any free port, its file_sd target in
+    DATA_DIR/targets)."""
     if args.control_port is None:
         return core.train_command(config, args)
     return core.train_command(config, args, serve=lambda trainer: _serve_run(trainer, args))
@@ -79,24 +86,28 @@ def _serve_run(trainer, args: argparse.Namespace):
     overrides = {"host": args.control_host, "port": args.control_port,
                  "data_dir": args.data_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    telemetry, rank = trainer.config.telemetry, trainer.ranks.rank
-    if rank > 0:
+    telemetry, ranks = trainer.config.telemetry, trainer.ranks
+    targets = settings.data_dir / "targets"
+    if ranks.rank > 0:  # prints nothing: rank 0 says where the ranks' /metrics are
         if trainer.telemetry is not None:
-            port = serve_rank_metrics(trainer.telemetry, rank, host=telemetry.metrics_host,
-                                      base_port=telemetry.metrics_port,
-                                      targets_dir=settings.data_dir / "targets")
-            print(f"asteria: rank {rank}: metrics at "
-                  f"http://{telemetry.metrics_host}:{port}/metrics", flush=True)
+            serve_rank_metrics(trainer.telemetry, ranks.rank, host=telemetry.metrics_host,
+                               base_port=telemetry.metrics_port, targets_dir=targets)
         return None
     from backend.attach import serve
 
-    core.serve_metrics(trainer)  # --metrics-port too, as without the control plane
+    if not ranks.parallel:
+        core.serve_metrics(trainer)  # --metrics-port too, as without the control plane
     try:
         plane = serve(trainer.runtime, settings=settings, total_steps=trainer.config.train.steps)
     except RuntimeError as err:
         raise RuntimeError(f"cannot serve the control plane: {err}") from err
     print(f"asteria: control plane on {plane.url} (API docs at /docs; token in "
           f"{settings.resolved_token_file})", flush=True)
+    if ranks.parallel and trainer.telemetry is not None:
+        base = telemetry.metrics_port
+        where = f"port {base} + r" if base else f"a free port each (listed in {targets})"
+        print(f"asteria: /metrics of rank 0 at {plane.url}/metrics, of rank r > 0 on "
+              f"{telemetry.metrics_host}, {where}", flush=True)
     return plane.close
 
 
@@ -121,12 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
                                           "the control plane training the default run, and the "
                                           "dashboard")
     core.add_run_arguments(start, base=SERVED_RUN)
+    start.add_argument("--resume", nargs="?", const="", metavar="RUN",
+                       help="continue a stopped, interrupted or failed run from its checkpoint "
+                            "(RUN: its id; default: the newest such run in the data folder), "
+                            "with the config it was started with, instead of a new run")
     core.add_commands(sub)
     train = sub.choices["train"]
     train.add_argument("--control-port", type=int, metavar="PORT",
                        help="also serve the control plane on PORT (0: any free port), attached "
-                            "to this run; under torchrun on rank 0, while every other rank "
-                            "serves its /metrics (on --metrics-port + rank, or any free port)")
+                            "to this run, with its /metrics; under torchrun on rank 0, while "
+                            "every other rank serves its /metrics (on --metrics-port + rank, or "
+                            "any free port)")
     train.add_argument("--control-host", metavar="HOST",
                        help="address for --control-port (default 127.0.0.1, or ASTERIA_HOST)")
     train.add_argument("--data-dir", help="the control plane's run store and token, and the "

@@ -2,6 +2,7 @@
 
     asteria start                                   # control plane :8000, dashboard :8501
     ASTERIA_PORT=8100 ASTERIA_DASHBOARD_PORT=8600 asteria start --train.steps 2000
+    asteria start --resume                          # continue the newest stopped run
 
 Two child processes, each in a session of its own so that a terminal's Ctrl-C reaches only this
 launcher, which then stops them in order:
@@ -12,10 +13,14 @@ launcher, which then stops them in order:
 It waits until both answer, prints both URLs (once: the control plane's own line is turned off),
 then the active run's progress line (step, loss, tokens/s, step time: `asteria train`'s bar, drawn
 from the step records the control plane serves), and on SIGINT or SIGTERM stops the dashboard and
-the control plane (which stops the run at a step boundary and keeps a checkpoint); a child that
-has not exited after its grace period, or after a second Ctrl-C, is killed with its process
-group. If either child dies, the other is stopped too and the exit status is 1. On Linux each
-child also gets SIGTERM if the launcher itself dies, so no process outlives it.
+the control plane (which stops the run at a step boundary and keeps a checkpoint) and says how to
+continue it; a child that has not exited after its grace period, or after a second Ctrl-C, is
+killed with its process group. If either child dies, the other is stopped too and the exit status
+is 1. On Linux each child also gets SIGTERM if the launcher itself dies, so no process outlives it.
+
+With `resume` (`asteria start --resume`) the control plane starts no run of its own; the launcher
+resumes one from its checkpoint through the API (POST /runs/{id}/resume): the run named, or the
+newest stopped, interrupted or failed one.
 
 Settings come from the environment like the control plane's (ASTERIA_HOST, ASTERIA_PORT,
 ASTERIA_DATA_DIR, ASTERIA_TOKEN), plus ASTERIA_DASHBOARD_PORT (default 8501).
@@ -42,12 +47,16 @@ import httpx
 from asteria_core.cli import to_toml
 from asteria_core.train.config import RunConfig
 from asteria_core.train.progress import progress_bar, progress_figures
+from backend.runs import RESUMABLE
 from backend.settings import Settings
 
 DASHBOARD_PORT = 8501
 READY_SECONDS = 180.0
 GRACE_SECONDS = {"dashboard": 10.0, "control plane": 90.0}
 PR_SET_PDEATHSIG = 1
+NEWEST = ""
+"""`resume=NEWEST`: the newest run that can be resumed."""
+RESUME_HINT = "asteria start --resume"
 
 
 def _die_with_parent() -> None:
@@ -57,7 +66,11 @@ def _die_with_parent() -> None:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether a server can listen on host:port now. Probed with SO_REUSEADDR, as uvicorn and
+    Streamlit bind: a port whose last connections sit in TIME_WAIT (right after a Ctrl-C) is
+    free to them, while one that something listens on is refused all the same."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -162,8 +175,11 @@ def _wait_ready(child: Child, url: str, ok: Callable[[httpx.Response], bool],
 
 
 def start(config: RunConfig, settings: Settings | None = None,
-          dashboard_port: int | None = None, progress: bool = True) -> int:
-    """Run the stack until SIGINT/SIGTERM or until a child dies; returns the exit status."""
+          dashboard_port: int | None = None, progress: bool = True,
+          resume: str | None = None) -> int:
+    """Run the stack until SIGINT/SIGTERM or until a child dies; returns the exit status.
+    `resume`: None trains `config` as a new run; NEWEST or a run id resumes that run from its
+    checkpoint instead, with the config it was started with."""
     settings = settings or Settings()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per readiness poll
     port = dashboard_port or int(os.environ.get("ASTERIA_DASHBOARD_PORT", DASHBOARD_PORT))
@@ -189,8 +205,10 @@ def start(config: RunConfig, settings: Settings | None = None,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []
     try:
-        return _run(settings, config_path, data_dir, api, ui, port, children, stop, progress)
+        return _run(settings, config_path, data_dir, api, ui, port, children, stop, progress,
+                    resume)
     finally:
+        stopping = _active_run(api) if children and children[0].alive() else None
         if children:
             print("asteria: stopping the dashboard and the control plane (the run stops at "
                   "its next step boundary and keeps a checkpoint)...", flush=True)
@@ -198,25 +216,34 @@ def start(config: RunConfig, settings: Settings | None = None,
             child.stop(GRACE_SECONDS[child.name], hurry)
         if children:
             print("asteria: stopped", flush=True)
+        if stopping and (data_dir / "runs" / stopping / "checkpoint.pt").is_file():
+            print(f"asteria: run {stopping} keeps its checkpoint; continue it with "
+                  f"`{RESUME_HINT}`", flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
 def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: str, port: int,
-         children: list[Child], stop: threading.Event, progress: bool) -> int:
+         children: list[Child], stop: threading.Event, progress: bool,
+         resume: str | None) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cwd = _dashboard_script().parent.parent
-    serve = Child("control plane", [sys.executable, "-m", "backend.cli", "serve",
-                                    "--config", str(config_path), "--host", settings.host,
-                                    "--port", str(settings.port), "--data-dir", str(data_dir),
-                                    "--no-banner"],  # its address is printed below, with ours
-                  env, cwd)
+    argv = [sys.executable, "-m", "backend.cli", "serve", "--config", str(config_path),
+            "--host", settings.host, "--port", str(settings.port), "--data-dir", str(data_dir),
+            "--no-banner"]  # its address is printed below, with ours
+    if resume is not None:
+        argv.append("--no-default-run")  # the run to resume is started below, through the API
+    serve = Child("control plane", argv, env, cwd)
     children.append(serve)
     if not _wait_ready(serve, f"{api}/healthz", lambda r: r.status_code == 200, stop):
         return _failed(serve, stop)
+    token_file = settings.token_file or data_dir / "token"
+    if resume is not None and not _resume(api, settings.token or _read_token(cwd / token_file),
+                                          resume, data_dir):
+        return 1
     ui_env = dict(env, ASTERIA_URL=api, ASTERIA_DATA_DIR=str(data_dir))
     if not settings.token:
-        ui_env["ASTERIA_TOKEN_FILE"] = str(settings.token_file or data_dir / "token")
+        ui_env["ASTERIA_TOKEN_FILE"] = str(token_file)
     dash = Child("dashboard", [sys.executable, "-m", "streamlit", "run",
                                str(_dashboard_script()), "--server.headless", "true",
                                "--server.address", "127.0.0.1", "--server.port", str(port),
@@ -242,6 +269,62 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
         line.close()
     return 0
 
+
+def _active_run(api: str) -> str | None:
+    try:
+        return httpx.get(f"{api}/healthz", timeout=2.0).json()["active_run"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_token(path: Path) -> str:
+    """The control plane's token, from the file it wrote at start-up (the child's working
+    folder is `cwd`, so a relative path is taken from there, as the child did)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""  # the resume request is then refused, and says so
+
+
+def _resumable(row: dict) -> bool:
+    """What RunManager.resume accepts: a launched run, stopped, interrupted or failed, with a
+    checkpoint."""
+    attached = row["config"].get("runtime", {}).get("attached")
+    return row["status"] in RESUMABLE and row["checkpoint_step"] is not None and not attached
+
+
+def _resume(api: str, token: str, wanted: str, data_dir: Path) -> bool:
+    """Resume run `wanted` (NEWEST: the newest run that can be) from its checkpoint, through
+    the API; prints which run and from which step, or why not."""
+    auth = {"Authorization": f"Bearer {token}"}
+    try:
+        if wanted == NEWEST:
+            runs = [r for r in httpx.get(f"{api}/runs", headers=auth, timeout=30.0).json()
+                    if _resumable(r)]
+            if not runs:
+                print(f"asteria: no run in {data_dir} to resume (a stopped, interrupted or "
+                      "failed run with a checkpoint); `asteria start` starts a new one",
+                      file=sys.stderr)
+                return False
+            wanted = runs[0]["id"]
+        answer = httpx.post(f"{api}/runs/{wanted}/resume", headers=auth, timeout=60.0)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+        print(f"asteria: cannot resume a run: {err}", file=sys.stderr)
+        return False
+    if answer.status_code != 202:
+        print(f"asteria: cannot resume run {wanted}: {_detail(answer)}", file=sys.stderr)
+        return False
+    run = answer.json()["run"]
+    print(f"asteria: resuming run {wanted} from its checkpoint at step {run['checkpoint_step']} "
+          f"(of {run['total_steps']})", flush=True)
+    return True
+
+
+def _detail(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {answer.status_code}"
 
 def _failed(child: Child, stop: threading.Event) -> int:
     if stop.is_set():

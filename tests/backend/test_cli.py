@@ -131,3 +131,23 @@ def test_overrides_still_pass_through_whole_options(capsys):
     with pytest.raises(SystemExit):
         cli.main(["config", "--optim.lr", "3e-3", "--no-progress-bar"])
     assert "unknown option '--no-progress-bar'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "resume"), [([], None), (["--resume"], backend.launch.NEWEST),
+                                              (["--resume", "20261201-120000-abcdef"],
+                                               "20261201-120000-abcdef")])
+def test_start_resume_hands_the_run_to_resume_to_the_launcher(monkeypatch, argv, resume):
+    seen = []
+    monkeypatch.setattr(backend.launch, "start", lambda config, **kw: seen.append(kw) or 0)
+    assert cli.main(["start", *argv, "--no-progress"]) == 0
+    assert seen == [{"progress": False, "resume": resume}]
+
+
+@pytest.mark.parametrize("extra", [["--train.steps", "300"], ["--config", "run.toml"]])
+def test_start_resume_refuses_a_config_of_its_own(monkeypatch, tmp_path, capsys, extra):
+    (tmp_path / "run.toml").write_text("[train]\nsteps = 300\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(backend.launch, "start", lambda *a, **kw: pytest.fail("started"))
+    assert cli.main(["start", "--resume", *extra]) == 2
+    assert "--resume continues a run with the config it was started with" in \
+        capsys.readouterr().err
