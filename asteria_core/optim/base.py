@@ -13,12 +13,20 @@ a runtime reads `due_blocks()` after each step and drives the seam itself.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
 
-from asteria_core.optim.layout import Layout, make_layout, map_chunk, new_blocks, permute_dim
+from asteria_core.optim.layout import (
+    Layout,
+    chunk_slice,
+    make_layout,
+    map_dim_by,
+    new_blocks,
+    permute_dim,
+)
 from asteria_core.optim.matrix_functions import overlap_transport
 from asteria_core.optim.seam import (
     MOMENT_SWAPS,
@@ -464,13 +472,23 @@ class BlockPreconditioner(torch.optim.Optimizer):
         state[VERSIONS] = [None if s is None else [0] * len(s) for s in layout.chunks]
         state[BASIS_STEPS] = [None if s is None else [-1] * len(s) for s in layout.chunks]
 
-    @staticmethod
-    def _swap_along_dim(x: torch.Tensor, layout: Layout, key: BlockKey, perm_b,
-                        p_bb) -> torch.Tensor:
-        """x (work shape) re-expressed for a swap of block `key`: perm or transport on its chunk."""
+    def _swap_chunk(self, state: dict, name: str, layout: Layout, key: BlockKey,
+                    fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """state[name] (work shape) with the chunk of block `key` along its dim replaced by
+        fn(chunk). With one chunk on the dim the result takes the old tensor's place; with
+        several only the chunk is written, in place, so a swap costs the chunk's size, not the
+        whole parameter's per block."""
         sizes = layout.chunks[key.dim]
+        if len(sizes) == 1:
+            self._install(key.param, state, name, fn(state[name]))
+            return
+        part = chunk_slice(state[name], key.dim, sizes, key.chunk)
+        part.copy_(fn(part))
+
+    def _swap_along_dim(self, state: dict, name: str, layout: Layout, key: BlockKey, perm_b,
+                        p_bb) -> None:
+        """state[name] re-expressed for a swap of block `key`: perm or transport on its chunk."""
         if p_bb is not None:
-            return map_chunk(x, key.dim, sizes, key.chunk, p_bb)
-        if perm_b is not None:
-            return permute_dim(x, key.dim, sizes, key.chunk, perm_b)
-        return x
+            self._swap_chunk(state, name, layout, key, lambda x: map_dim_by(x, key.dim, p_bb))
+        elif perm_b is not None:
+            self._swap_chunk(state, name, layout, key, lambda x: permute_dim(x, key.dim, perm_b))

@@ -145,20 +145,16 @@ def dim_broadcast(vec_d: torch.Tensor, dim: int, ndim: int) -> torch.Tensor:
     return vec_d.view(shape)
 
 
-def permute_dim(x: torch.Tensor, dim: int, sizes: tuple[int, ...], chunk: int,
-                perm_b: torch.Tensor) -> torch.Tensor:
-    """x with the entries of one chunk along `dim` re-indexed: new[j] = old[perm[j]]."""
-    offset = sum(sizes[:chunk])
-    index = torch.arange(x.shape[dim], device=x.device)
-    index[offset:offset + sizes[chunk]] = perm_b.to(x.device, non_blocking=True) + offset
-    return x.index_select(dim, index)
+def chunk_slice(x: torch.Tensor, dim: int, sizes: tuple[int, ...], chunk: int) -> torch.Tensor:
+    """The part of x that chunk `chunk` of `dim` covers: a view, so writing it writes x."""
+    return x.narrow(dim, sum(sizes[:chunk]), sizes[chunk])
 
 
-def map_chunk(x: torch.Tensor, dim: int, sizes: tuple[int, ...], chunk: int,
-              m_bb: torch.Tensor) -> torch.Tensor:
-    """x with one chunk along `dim` mapped by y_j = sum_i x_i M[i, j]; other chunks unchanged."""
-    if len(sizes) == 1:
-        return _mul_last(x, dim, m_bb)
-    parts = list(torch.split(x, list(sizes), dim=dim))
-    parts[chunk] = _mul_last(parts[chunk], dim, m_bb)
-    return torch.cat(parts, dim=dim)
+def permute_dim(x: torch.Tensor, dim: int, perm_b: torch.Tensor) -> torch.Tensor:
+    """x re-indexed along `dim` (of length b): new[j] = old[perm[j]]."""
+    return x.index_select(dim, perm_b.to(x.device, non_blocking=True))
+
+
+def map_dim_by(x: torch.Tensor, dim: int, m_bb: torch.Tensor) -> torch.Tensor:
+    """x with axis `dim` (of length b) mapped by y_j = sum_i x_i M[i, j]."""
+    return _mul_last(x, dim, m_bb)

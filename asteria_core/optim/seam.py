@@ -71,6 +71,9 @@ class RefreshConfig:
     """inverse_root only: the result is (scale * F + eps I)^(-1/root)."""
     eps: float = 0.0
     """inverse_root only: added to the eigenvalues (after clamping them at 0)."""
+    rotate: bool = False
+    """The swap rotates a moment by Q_old^T Q_new (SOAP's first moment): the refresh computes
+    that b^3 product where it runs (a host worker), so the swap on the training thread does not."""
 
     def __post_init__(self) -> None:
         if self.method not in REFRESH_METHODS:
@@ -83,7 +86,7 @@ class RefreshConfig:
     @property
     def needs_basis(self) -> bool:
         """Whether refresh_fn reads the previous basis (warm start or transport)."""
-        return self.method == "power_qr" or self.moment_swap == "transport"
+        return self.method == "power_qr" or self.moment_swap == "transport" or self.rotate
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +119,20 @@ class RefreshResult:
     """(b,) reference swap: new coordinate j continues old coordinate perm[j]."""
     transport: torch.Tensor | None = None
     """(b, b) P[i, j] = <q_old_i, q_new_j>^2: second-moment transport (moment_swap=transport)."""
+    rotation: torch.Tensor | None = None
+    """(b, b) Q_old^T Q_new in the factor's dtype, Q_old the snapshot's basis (config.rotate):
+    what the swap multiplies the first moment by while that basis is still the one in use."""
 
     def to_dict(self) -> dict:
         return {"key": tuple(self.key), "stats_step": self.stats_step,
                 "base_version": self.base_version, "basis": self.basis, "perm": self.perm,
-                "transport": self.transport}
+                "transport": self.transport, "rotation": self.rotation}
 
     @classmethod
     def from_dict(cls, data: dict) -> RefreshResult:
         return cls(key=BlockKey(*data["key"]), stats_step=data["stats_step"],
                    base_version=data["base_version"], basis=data["basis"], perm=data["perm"],
-                   transport=data["transport"])
+                   transport=data["transport"], rotation=data.get("rotation"))
 
 
 def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult:
@@ -164,10 +170,13 @@ def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult
         # old second moment seen in the new basis), not read index-aligned (docs/optimizers.md).
         transport_bb = q_new_bb.square().to(snapshot.factor.dtype)
     # Contiguous in the factor's dtype: the swap installs it as it is, with no copy.
+    basis_bb = q_new_bb.to(snapshot.factor.dtype).contiguous()
+    # The product the swap would otherwise compute on the training thread, bit for bit (same
+    # operands, same dtype): here it runs where the refresh runs.
+    rotation_bb = _basis(snapshot).T @ basis_bb if config.rotate else None
     return RefreshResult(key=snapshot.key, stats_step=snapshot.stats_step,
-                         base_version=snapshot.base_version,
-                         basis=q_new_bb.to(snapshot.factor.dtype).contiguous(), perm=perm_b,
-                         transport=transport_bb)
+                         base_version=snapshot.base_version, basis=basis_bb, perm=perm_b,
+                         transport=transport_bb, rotation=rotation_bb)
 
 
 def _basis(snapshot: FactorSnapshot) -> torch.Tensor:
@@ -194,11 +203,12 @@ def checked_refresh(fn, snapshot: FactorSnapshot, config: RefreshConfig,
             return t if t is None or t.device.type != "cpu" else t.pin_memory()
 
         result = dataclasses.replace(result, basis=pin(result.basis), perm=pin(result.perm),
-                                     transport=pin(result.transport))
+                                     transport=pin(result.transport),
+                                     rotation=pin(result.rotation))
     return result
 
 
 def is_finite(result: RefreshResult) -> bool:
     """True when every float tensor of the result is finite. A host sync (reads one bool)."""
-    tensors = [result.basis] + ([result.transport] if result.transport is not None else [])
+    tensors = [t for t in (result.basis, result.transport, result.rotation) if t is not None]
     return all(bool(torch.isfinite(t).all()) for t in tensors)

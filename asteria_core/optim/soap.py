@@ -16,7 +16,8 @@ step (Q_new^T (Q_old m Q_old^T) Q_new, Q_new = Q_old between refreshes). We keep
 eigenbasis and do that rotation only at a swap, along the swapped block (`_apply_refresh`): the
 same numbers up to rounding, and a step needs three pairs of products (G', U, the factors), not
 the four of a first moment kept in the original basis (projected every step) or the reference's
-five. A swap costs one b^3 product and one rotation of m along the block.
+five. A swap costs one rotation of m along the block's chunk; the b^3 product Q_old^T Q_new it
+needs comes with the refresh (`RefreshConfig.rotate`), computed where the refresh ran.
 
 Ours on top: `block_size` (block-diagonal factors, see layout.py), `refresh` (power_qr: the
 reference's sorted power iteration + QR, seeded by eigh at the first refresh; eigh: exact
@@ -41,11 +42,12 @@ from asteria_core.optim.base import (
     BASES,
     FACTORS,
     STEP,
+    VERSIONS,
     BlockPreconditioner,
     check_choice,
     check_range,
 )
-from asteria_core.optim.layout import Layout, dim_outer, from_basis, map_chunk, to_basis
+from asteria_core.optim.layout import Layout, dim_outer, from_basis, map_dim_by, to_basis
 from asteria_core.optim.seam import BlockKey, RefreshConfig, RefreshResult
 
 EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
@@ -103,7 +105,7 @@ class SOAP(BlockPreconditioner):
 
     def _block_refresh_config(self, group: dict, layout: Layout, dim: int) -> RefreshConfig:
         return RefreshConfig(method=group["refresh"], moment_swap=group["moment_swap"],
-                             sort=True, dtype=group["refresh_dtype"])
+                             sort=True, dtype=group["refresh_dtype"], rotate=True)
 
     def _step_param(self, p, grad, state, layout, group) -> bool:
         beta1, beta2 = group["betas"]
@@ -150,19 +152,26 @@ class SOAP(BlockPreconditioner):
                         torch.lerp(factor_bb, outer_bb, 1 - beta, out=out)
 
     def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
-        self._install(key.param, state, EXP_AVG_SQ,
-                      self._swap_along_dim(state[EXP_AVG_SQ], layout, key, perm_b, p_bb))
+        self._swap_along_dim(state, EXP_AVG_SQ, layout, key, perm_b, p_bb)
 
     def _apply_refresh(self, key: BlockKey, result: RefreshResult, state: dict,
                        layout: Layout) -> None:
         """The swap, then the first moment's rotation along the block's chunk: new coordinate
         j is <q_new_j, sum_i m_i q_old_i>, i.e. m <- m (Q_old^T Q_new) along that dim (exact
-        for any pair of bases, so a late or stale result rotates correctly too)."""
+        for any pair of bases, so a late or stale result rotates correctly too). Q_old^T Q_new
+        comes with the result (computed where the refresh ran) while the snapshot's basis is
+        still the one in use; after another swap it is computed here."""
         old_bb = state[BASES][key.dim][key.chunk]
-        if not self._owns(key.param):
+        rotation_bb = result.rotation
+        if result.base_version != state[VERSIONS][key.dim][key.chunk]:
+            rotation_bb = None
+        if rotation_bb is None and not self._owns(key.param):
             old_bb = old_bb.clone()  # a runtime buffer: the swap overwrites it in place
         super()._apply_refresh(key, result, state, layout)
-        rotation_bb = old_bb.T @ state[BASES][key.dim][key.chunk]
-        self._install(key.param, state, EXP_AVG_E,
-                      map_chunk(state[EXP_AVG_E], key.dim, layout.chunks[key.dim], key.chunk,
-                                rotation_bb))
+        new_bb = state[BASES][key.dim][key.chunk]
+        if rotation_bb is None:
+            rotation_bb = old_bb.T @ new_bb
+        else:
+            rotation_bb = rotation_bb.to(new_bb.device, new_bb.dtype, non_blocking=True)
+        self._swap_chunk(state, EXP_AVG_E, layout, key,
+                         lambda x: map_dim_by(x, key.dim, rotation_bb))

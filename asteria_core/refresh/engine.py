@@ -29,6 +29,7 @@ A refresh still not done `refresh_timeout_ms` after the bound forced a wait is a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -367,7 +368,12 @@ class RefreshEngine:
         elif not ok:  # another rank's failed refresh: every rank keeps its basis and counts it
             self.reporter.refresh_done(0.0, ok=False)
         if ok:
-            self.opt.apply_refresh(item.key, item.result)
+            result = item.result
+            if self.exchange is not None and result.rotation is not None:
+                # The other ranks receive no rotation and compute it at their swap: so does
+                # the owner, so every replica multiplies the same way (same bits).
+                result = dataclasses.replace(result, rotation=None)
+            self.opt.apply_refresh(item.key, result)
             self._consecutive[item.key] = 0
             return
         self.failures += 1
