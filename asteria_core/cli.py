@@ -14,9 +14,9 @@ The `asteria` command (`backend.cli`) adds `serve` and `start`, which run the co
 the dashboard; this module imports nothing from them, so the core runs without the web stack.
 
 Under torchrun (WORLD_SIZE > 1) `train` is one rank of a data-parallel run
-(asteria_core/train/parallel.py): rank 0 prints the run's lines and draws the progress bar,
-every rank checkpoints at one step, and `--metrics-port PORT` serves rank r's /metrics on
-PORT + r.
+(asteria_core/train/parallel.py): rank 0 prints the run's lines and log lines and draws the
+progress bar (the other ranks print only warnings and errors), every rank checkpoints at one
+step, and `--metrics-port PORT` serves rank r's /metrics on PORT + r.
 """
 
 from __future__ import annotations
@@ -145,7 +145,9 @@ def serve_metrics(trainer: Any) -> Callable[[], None] | None:
     except OSError as err:
         where = port + trainer.ranks.rank
         raise OSError(f"cannot serve metrics on {host}:{where}: {err}") from err
-    print(f"asteria: {_who(trainer.ranks)}metrics at http://{host}:{port}/metrics", flush=True)
+    if trainer.ranks.main:  # for every rank: the others print nothing routine
+        others = f"; rank r > 0 on port {port} + r" if trainer.ranks.parallel else ""
+        print(f"asteria: metrics at http://{host}:{port}/metrics{others}", flush=True)
     return None
 
 
@@ -280,6 +282,46 @@ def _cmd_keys(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+class AboveTheBar(logging.StreamHandler):
+    """Writes each log line above the progress bar (tqdm clears the bar, writes, redraws it),
+    never into the middle of it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging's own rule: a failed line never raises
+            self.handleError(record)
+
+
+QUIET_LOGGERS = ("httpx", "httpcore")
+"""Libraries that log every request at INFO (rank 0 scraping the ranks' /metrics each second):
+routine, so only their warnings are shown."""
+
+
+def _rank_from_env() -> int:
+    """This process's rank under torchrun, from its environment (0 outside torchrun, and when
+    the environment is malformed: the run refuses that later, naming the variable)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+        return int(os.environ.get("RANK") or 0) if world > 1 else 0
+    except ValueError:
+        return 0
+
+
+def configure_logging() -> None:
+    """INFO lines above the progress bar; under torchrun only rank 0's, since every rank would
+    log the same routine lines (energy sources, the target reached) into rank 0's progress line:
+    ranks r > 0 show warnings and errors only."""
+    handler = AboveTheBar()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    level = logging.INFO if _rank_from_env() == 0 else logging.WARNING
+    logging.basicConfig(level=level, handlers=[handler])
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 Command = Callable[[RunConfig, argparse.Namespace], int]
 
 # name: (help, handler), in the order `asteria --help` lists them.
@@ -367,7 +409,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None,
     an option that is neither the command's nor an override is a usage error (exit 2) that names
     the closest option.
     """
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     args, rest = parser.parse_known_args(argv)
     for flag, key in (("metrics_port", "telemetry.metrics_port"),
                       ("metrics_host", "telemetry.metrics_host")):

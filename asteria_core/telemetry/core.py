@@ -76,6 +76,7 @@ class Telemetry:
         self._latest: dict[str, float] = {}
         self._losses: dict[str, float] = {}
         self._target: dict[str, float] = {}
+        self._target_reached = False  # once: an unmeasured machine's _target stays {}
         self._stop_server = None
         self._closed = False
         if meters is None:
@@ -200,8 +201,9 @@ class Telemetry:
 
     def _check_target(self, record: StepRecord) -> None:
         target = self.config.target_loss
-        if target <= 0 or self._target or record.eval_loss > target:
+        if target <= 0 or self._target_reached or record.eval_loss > target:
             return
+        self._target_reached = True
         self.energy.poll(force=True)
         self._target = self.energy.joules_by_source()
         if record.energy is not None:
