@@ -18,6 +18,11 @@ At each step boundary (after the optimizer update of step t) the engine
 
 Staleness of a block, as seen by step u, is u - s when a refresh from step s is outstanding
 (computed or not, not yet swapped in) and 0 otherwise; it never exceeds the bound S in force.
+Workers slower than the refresh interval (wide factors) make the step wait at the bound, as
+`refresh_wait`, and never pile work up: in deterministic mode a block has at most
+ceil(d / interval) refreshes in flight (each is swapped at s + d); in opportunistic mode a
+block that falls due while its previous refresh still waits for a worker replaces it (fresher
+statistics, the older one's deadline), so no block waits for a worker twice.
 With `workers = 0` refreshes run inline at the boundary, which is the native reference: with
 the same d it equals the optimizer's own delayed mode bit for bit.
 
@@ -100,6 +105,14 @@ class Outstanding:
     """Data-parallel: the result of a block another rank owns, on its way here."""
     unchanged: bool | None = None
     """Whether the new basis barely moved (`skip_below`), decided once its result is known."""
+    since: int = -1
+    """The step since which this block's refresh is due: `stats_step`, or, when this refresh
+    replaced older ones that were still waiting for a worker (opportunistic mode), the oldest
+    one's. Staleness and the bound count from it."""
+
+    def __post_init__(self) -> None:
+        if self.since < 0:
+            self.since = self.stats_step
 
 
 class RefreshEngine:
@@ -211,17 +224,38 @@ class RefreshEngine:
 
     def _start(self, snapshot, t: int, policy: Policy, ready) -> Outstanding:
         key = snapshot.key
+        item = Outstanding(key, t, None)
+        if self._pool is not None and policy.swap_mode == "opportunistic":
+            self._coalesce(item)
         # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
         tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
             len(self.blocks) and list(self.blocks).index(key)
-        job = Job(snapshot, self.opt.refresh_config(key), priority=(t, tie), ready=ready)
-        item = Outstanding(key, t, None)
+        job = Job(snapshot, self.opt.refresh_config(key), priority=(item.since, tie),
+                  ready=ready)
         if self._pool is None:
             self._run_inline(item, job)
         else:
             item.job = job
         self.outstanding[key].append(item)
         return item
+
+    def _coalesce(self, item: Outstanding) -> None:
+        """Opportunistic mode: a refresh of the block still waiting for a worker is dropped for
+        the new one (fresher statistics, the same work), which keeps its place in the queue and
+        its deadline. So a block never waits for a worker twice, and workers slower than the
+        refresh interval do not pile up refreshes that a newer one would replace anyway.
+        (Deterministic mode swaps every refresh at s + d, so each one is needed; a block then
+        has at most ceil(d / interval) in flight.)"""
+        queue_ = self.outstanding[item.key]
+        older = queue_[-1] if queue_ else None
+        if older is None or older.job is None or older.job.started_at is not None \
+                or older.job.done.is_set():
+            return
+        queue_.pop()
+        older.job.cancelled = True  # no worker takes it now; one that just did is not read
+        if older.release_step is not None:  # still held back by pacing
+            self._held.remove(older)
+        item.since = older.since
 
     def _exchange(self, due, started: dict[BlockKey, Outstanding], t: int) -> None:
         """Offer this rank's refreshes and expect the others', in `due` order on every rank."""
@@ -292,7 +326,7 @@ class RefreshEngine:
                 must = t >= item.stats_step + policy.delay
                 if policy.swap_mode == "opportunistic":
                     ready = item.job is None or item.job.done.is_set()
-                    must = t >= item.stats_step + policy.staleness_bound
+                    must = t >= item.since + policy.staleness_bound
                     if not (ready or must):
                         break
                 elif not must:
@@ -389,7 +423,7 @@ class RefreshEngine:
     # ------------------------------------------------------------------ figures
     def staleness(self, t: int) -> dict[BlockKey, int]:
         """Staleness each block will have in step t + 1 (the next step)."""
-        return {k: (t + 1 - q[0].stats_step) if q else 0 for k, q in self.outstanding.items()}
+        return {k: (t + 1 - q[0].since) if q else 0 for k, q in self.outstanding.items()}
 
     def background_load(self, policy: Policy) -> float | None:
         """Refresh work per interval / worker capacity; above 1 the workers cannot keep up."""
