@@ -269,11 +269,13 @@ class LivePolicy:
         self._listeners.append(listener)
 
     def propose(self, changes: Mapping[str, Any], *, client: str = "local",
-                persist: Callable[[PolicyChange], None] | None = None) -> PolicyChange:
+                persist: Callable[[PolicyChange], None] | None = None,
+                requested_at: float | None = None) -> PolicyChange:
         """Validate `changes` over the newest policy and queue them; raises PolicyError.
 
         `persist(change)` makes the accepted change durable before it is queued (the control
-        plane writes it to its store); if it raises, nothing is queued."""
+        plane writes it to its store); if it raises, nothing is queued. `requested_at`: when
+        it was asked for, if not now (a change queued again when a run resumes)."""
         unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
             raise PolicyError(unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
@@ -289,7 +291,9 @@ class LivePolicy:
             change = PolicyChange(version=self._newest_version + 1,
                                   effective_step=self._last_boundary + 1 + self.apply_after,
                                   diff=diff,
-                                  client=client, requested_at=time.time())
+                                  client=client,
+                                  requested_at=time.time() if requested_at is None
+                                  else requested_at)
             if persist is not None:
                 persist(change)
             self._newest, self._newest_version = proposed, change.version

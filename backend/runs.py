@@ -155,7 +155,7 @@ class RunManager:
             self._check_idle()
             active = ActiveRun(run_id, config, self._stored_policy(row),
                                resume_step=row["checkpoint_step"] or 0)
-            self.store.set_status(run_id, "running")
+            self.store.set_status(run_id, "running", checked=True)
             self._launch(active)
         return self.get(run_id)
 
@@ -179,7 +179,8 @@ class RunManager:
                 later.append((values, change))
         live = LivePolicy(policy, version=version)
         for values, change in later:
-            requeued = live.propose(values, client=change["client"])
+            requeued = live.propose(values, client=change["client"],
+                                    requested_at=change["requested_at"])
             if requeued.version != change["version"]:
                 log.warning("run %s: stored policy version %d requeued as version %d",
                             row["id"], change["version"], requeued.version)
@@ -273,6 +274,8 @@ class RunManager:
     def _launch(self, active: ActiveRun) -> None:
         active.live = LiveView(self.store.get_run(active.run_id), window=self.live_window)
         active.live.update(status="running", policy_version=active.policy.version)
+        if active.resume_step is not None:  # the records after it are trained again
+            active.live.update(step=active.resume_step)
         self._active = active
         active.thread = threading.Thread(target=self._train, args=(active,),
                                          name=f"train-{active.run_id}", daemon=True)
@@ -286,8 +289,8 @@ class RunManager:
             if active.resume_step is not None:  # as at the boundary after the checkpoint's step
                 active.policy.apply_pending(active.resume_step)
             trainer = Trainer(active.config, run_id=active.run_id, policy=active.policy)
-            if active.config.train.resume:  # the steps after the checkpoint are trained again
-                self.store.drop_steps_after(active.run_id, trainer.step)
+            if active.config.train.resume:
+                self._rewind(active, trainer)
             active.trainer, active.runtime = trainer, trainer.runtime
             self._bind(active, trainer.runtime)
             trainer.checkpoint_sinks.append(lambda step, path: self._on_checkpoint(active, step))
@@ -305,6 +308,21 @@ class RunManager:
                 self._active = None
             self.events.publish(Event("status", active.run_id, {  # SSE is public
                 "status": status, "error": error.split(":", 1)[0] if error else None}))
+
+    def _rewind(self, active: ActiveRun, trainer: Trainer) -> None:
+        """A resumed run goes on from its checkpoint's step: the records after it go (they are
+        trained and recorded again) and the run's step is the checkpoint's until then. Records
+        up to it that the store had not written when the server died (a crash between the
+        checkpoint file and the store's next batch) come from the run's steps.jsonl, written
+        and flushed record by record before the checkpoint: the sequence has no gap."""
+        step = trainer.step
+        stored = self.store.last_step(active.run_id)
+        if stored < step:
+            self.store.restore_steps(active.run_id, _records(trainer.run_dir / "steps.jsonl",
+                                                             after=stored, until=step))
+        self.store.drop_steps_after(active.run_id, step)
+        self.store.set_checkpoint(active.run_id, step)
+        active.live.update(step=step, checkpoint_step=step)
 
     def _bind(self, active: ActiveRun, runtime: Runtime) -> None:
         """Follow the runtime: records to the store and live clients, commands between steps."""
@@ -362,3 +380,19 @@ class RunManager:
         self.store.set_status(active.run_id, status)
         active.live.update(status=status)
         self.events.publish(Event("status", active.run_id, {"status": status}))
+
+
+def _records(path: Path, *, after: int, until: int) -> list[tuple[int, str]]:
+    """(step, record JSON) of the steps in (after, until] from a run's steps.jsonl."""
+    found: list[tuple[int, str]] = []
+    if not path.is_file():
+        return found
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line a crash cut short
+            if isinstance(step, int) and after < step <= until:
+                found.append((step, line.strip()))
+    return found

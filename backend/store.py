@@ -2,7 +2,8 @@
 
 The training thread only enqueues; one writer thread commits batches at most `flush_seconds`
 apart (status changes are flushed at once), so a step never waits on the disk. Reads open their
-own short-lived connections, which WAL lets run beside the writer.
+own short-lived connections, which WAL lets run beside the writer. A status that could not be
+written (a full disk) is kept in memory, shown by reads and written again until it lands.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ CREATE TABLE IF NOT EXISTS policy_changes (
 );
 """
 ACTIVE_STATUSES = ("running", "paused")
+STATUS_SQL = "UPDATE runs SET status=?, error=?, updated_at=? WHERE id=?"
+REPAIR_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -73,6 +76,11 @@ class _Write:
             log.error("run store: could not write %s: %s", self.what, self.error)
 
 
+def _check(write: _Write) -> None:
+    if write.error is not None:
+        raise StoreError(f"the run store could not write {write.what}: {write.error}")
+
+
 _FLUSH = _Write("", (), "flush")
 """Ends the batch being collected at once (`flush`)."""
 
@@ -90,6 +98,10 @@ class RunStore:
             db.executescript(SCHEMA)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._flush_seconds = flush_seconds
+        self._status_lock = threading.Lock()
+        self._unsaved: dict[str, tuple[str, str | None, float]] = {}
+        """run id -> (status, error, when) of a status write that failed (`set_status`)."""
+        self._next_repair = 0.0
         self._queue: queue.Queue[_Write | None] = queue.Queue()
         self._flushed = threading.Condition()
         self._enqueued = 0
@@ -114,7 +126,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ writes (queued)
     def _put(self, sql: str, args: tuple, *, urgent: bool = False, checked: bool = False,
-             what: str = "") -> None:
+             what: str = "") -> _Write:
         """Queue a write; `urgent` waits until it is committed, `checked` (urgent too) raises
         StoreError if it failed. A failed write is logged and fails alone: the writer goes on."""
         write = _Write(sql, args, what or sql.split("(")[0].strip())
@@ -123,8 +135,9 @@ class RunStore:
         self._queue.put(write)
         if urgent or checked:
             self.flush()
-        if checked and write.error is not None:
-            raise StoreError(f"the run store could not write {write.what}: {write.error}")
+        if checked:
+            _check(write)
+        return write
 
     def create_run(self, run_id: str, config: dict, run_dir: str, total_steps: int) -> None:
         now = time.time()
@@ -133,9 +146,40 @@ class RunStore:
                   (run_id, json.dumps(config), run_dir, now, now, total_steps), checked=True,
                   what=f"run {run_id}")
 
-    def set_status(self, run_id: str, status: str, *, error: str | None = None) -> None:
-        self._put("UPDATE runs SET status=?, error=?, updated_at=? WHERE id=?",
-                  (status, error, time.time(), run_id), urgent=True)
+    def set_status(self, run_id: str, status: str, *, error: str | None = None,
+                   checked: bool = False) -> None:
+        """Written at once. If the write fails (a full disk), `checked` raises StoreError;
+        otherwise the status is kept unsaved: reads show it, and they write it again until it
+        lands, so a run that ended is never left `running` in the store."""
+        with self._status_lock:
+            now = time.time()
+            write = self._put(STATUS_SQL, (status, error, now, run_id), urgent=True,
+                              what=f"the status of run {run_id}")
+            if write.error is None:
+                self._unsaved.pop(run_id, None)
+            elif checked:
+                _check(write)
+            else:
+                self._unsaved[run_id] = (status, error, now)
+
+    def _repair(self) -> None:
+        """Write the unsaved statuses again, at most once per REPAIR_SECONDS (until then, and
+        while writes fail, reads show them from memory)."""
+        if not self._unsaved or time.monotonic() < self._next_repair:
+            return
+        with self._status_lock:
+            self._next_repair = time.monotonic() + REPAIR_SECONDS
+            for run_id, (status, error, when) in list(self._unsaved.items()):
+                write = self._put(STATUS_SQL, (status, error, when, run_id), urgent=True,
+                                  what=f"the status of run {run_id}")
+                if write.error is None:
+                    del self._unsaved[run_id]
+                    log.info("run store: the status of run %s is written at last", run_id)
+
+    def _unsaved_now(self) -> dict[str, tuple[str, str | None, float]]:
+        """The unsaved statuses, taken before a read: one written meanwhile is the same."""
+        self._repair()
+        return dict(self._unsaved)  # no lock: a status write may hold it for a flush
 
     def set_checkpoint(self, run_id: str, step: int) -> None:
         # Flushed at once, with the steps before it: the store must not lag the checkpoint file.
@@ -148,8 +192,21 @@ class RunStore:
         self._put("UPDATE runs SET step=?, updated_at=? WHERE id=?", (step, time.time(), run_id))
 
     def drop_steps_after(self, run_id: str, step: int) -> None:
-        """A run resumed from its checkpoint at `step` trains the later steps again."""
-        self._put("DELETE FROM steps WHERE run_id=? AND step>?", (run_id, step), urgent=True)
+        """A run resumed from its checkpoint at `step` trains the later steps again: their
+        records go, and the run's step is the checkpoint's until they are recorded again.
+        Raises StoreError if that could not be written."""
+        self._put("DELETE FROM steps WHERE run_id=? AND step>?", (run_id, step))
+        self._put("UPDATE runs SET step=?, updated_at=? WHERE id=?", (step, time.time(), run_id),
+                  checked=True, what=f"the step of run {run_id}")
+
+    def restore_steps(self, run_id: str, records: list[tuple[int, str]]) -> None:
+        """Add (step, record JSON) the store lacks, keeping those it has; raises StoreError."""
+        writes = [self._put("INSERT OR IGNORE INTO steps (run_id, step, record) VALUES (?, ?, ?)",
+                            (run_id, step, record_json), what=f"step {step} of run {run_id}")
+                  for step, record_json in records]
+        self.flush()
+        for write in writes:
+            _check(write)
 
     def set_policy(self, run_id: str, policy: dict[str, Any], version: int) -> None:
         self._put("UPDATE runs SET policy=?, policy_version=?, updated_at=? WHERE id=?",
@@ -238,14 +295,22 @@ class RunStore:
         return [r["id"] for r in rows]
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
+        unsaved = self._unsaved_now()
         with self._db() as db:
             row = db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-        return _run_row(row) if row else None
+        return _run_row(row, unsaved) if row else None
 
     def list_runs(self) -> list[dict[str, Any]]:
+        unsaved = self._unsaved_now()
         with self._db() as db:
             rows = db.execute("SELECT * FROM runs ORDER BY created_at DESC").fetchall()
-        return [_run_row(r) for r in rows]
+        return [_run_row(r, unsaved) for r in rows]
+
+    def last_step(self, run_id: str) -> int:
+        """The newest step with a record (0 if none)."""
+        with self._db() as db:
+            row = db.execute("SELECT MAX(step) FROM steps WHERE run_id=?", (run_id,)).fetchone()
+        return row[0] or 0
 
     def steps(self, run_id: str, since: int, limit: int) -> list[dict[str, Any]]:
         with self._db() as db:
@@ -260,8 +325,11 @@ class RunStore:
         return [{**dict(r), "diff": json.loads(r["diff"])} for r in rows]
 
 
-def _run_row(row: sqlite3.Row) -> dict[str, Any]:
+def _run_row(row: sqlite3.Row,
+             unsaved: dict[str, tuple[str, str | None, float]]) -> dict[str, Any]:
     out = dict(row)
+    if row["id"] in unsaved:
+        out.update(zip(("status", "error", "updated_at"), unsaved[row["id"]], strict=True))
     out["config"] = json.loads(out["config"])
     out["policy"] = json.loads(out["policy"]) if out["policy"] else None
     return out
