@@ -1,6 +1,7 @@
 """Asteria in a Hugging Face Trainer: a tiny GPT-2 built from a config (nothing is downloaded)
 learns the bytes of Python's own pydoc topics with SOAP, its refresh on a host worker; the step
-records go to a JSONL file and Asteria's figures (idle, staleness, energy) to HF's logs.
+records go to a JSONL file and Asteria's figures (idle, staleness, energy) to HF's logs, which
+HF prints every --logging-steps steps (default: ten times a run).
 
     pip install -e ".[hf]"
     python examples/hf_trainer.py --steps 100
@@ -53,10 +54,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--refresh-interval", type=int, default=10)
     p.add_argument("--staleness-bound", type=int, default=5)
     p.add_argument("--workers", type=int, default=1, help="refresh workers (0: inline)")
-    p.add_argument("--cpu-watts", type=float, default=0.0,
-                   help="> 0: a modelled CPU energy estimate (watts per busy core)")
+    p.add_argument("--logging-steps", type=int, default=None,
+                   help="HF logs (and prints) its figures and Asteria's every N steps "
+                        "(default: steps / 10)")
+    p.add_argument("--cpu-watts", type=float, default=15.0,
+                   help="watts per busy CPU core of the modelled energy estimate, for machines "
+                        "without a measured source (RAPL, NVML); 0: measured sources only")
     p.add_argument("--out", default="runs/hf_trainer")
-    return p.parse_args(argv)
+    opts = p.parse_args(argv)
+    if opts.logging_steps is None:
+        opts.logging_steps = max(1, opts.steps // 10)
+    return opts
 
 
 def build_trainer(opts: argparse.Namespace) -> transformers.Trainer:
@@ -65,13 +73,18 @@ def build_trainer(opts: argparse.Namespace) -> transformers.Trainer:
                                       n_positions=64, bos_token_id=0, eos_token_id=0,
                                       loss_type="ForCausalLM")
     model = transformers.GPT2LMHeadModel(config)
+    # The causal-LM loss, named where every transformers version looks: some read the config's
+    # loss_type, newer ones the model's own, which they derive from the class name and which
+    # matches no loss for GPT2LMHeadModel (then they warn and fall back to this same loss).
+    model.loss_type = "ForCausalLM"
     data = pydoc_bytes()
     split = len(data) * 9 // 10
     args = transformers.TrainingArguments(
         output_dir=opts.out, max_steps=opts.steps, per_device_train_batch_size=opts.batch_size,
         per_device_eval_batch_size=opts.batch_size, gradient_accumulation_steps=opts.grad_accum,
         eval_strategy="steps" if opts.eval_steps else "no", eval_steps=opts.eval_steps or None,
-        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=1337,
+        logging_steps=opts.logging_steps, save_strategy="no", report_to=[], disable_tqdm=True,
+        seed=1337,
         dataloader_pin_memory=torch.cuda.is_available())
     policy = asteria.Policy(workers=opts.workers, refresh_interval=opts.refresh_interval,
                             staleness_bound=opts.staleness_bound)

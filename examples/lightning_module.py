@@ -90,8 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--refresh-interval", type=int, default=10)
     p.add_argument("--staleness-bound", type=int, default=5)
     p.add_argument("--workers", type=int, default=1, help="refresh workers (0: inline)")
-    p.add_argument("--cpu-watts", type=float, default=0.0,
-                   help="> 0: a modelled CPU energy estimate (watts per busy core)")
+    p.add_argument("--cpu-watts", type=float, default=15.0,
+                   help="watts per busy CPU core of the modelled energy estimate, for machines "
+                        "without a measured source (RAPL, NVML); 0: measured sources only")
     p.add_argument("--out", default="runs/lightning_module")
     return p.parse_args(argv)
 
@@ -108,7 +109,7 @@ def build(opts: argparse.Namespace, callbacks: list[pl.Callback] = ()
             ByteWindows(data[split:split + 16 * 64 + 1], 64), batch_size=opts.batch_size)}
     trainer = pl.Trainer(
         max_steps=opts.steps, accumulate_grad_batches=opts.grad_accum, accelerator="auto",
-        devices=1, num_sanity_val_steps=0, limit_val_batches=1.0 if opts.eval_steps else 0,
+        devices=1, num_sanity_val_steps=0, limit_val_batches=None if opts.eval_steps else 0,
         val_check_interval=opts.eval_steps * opts.grad_accum if opts.eval_steps else None,
         callbacks=[asteria_pl.AsteriaCallback(), *callbacks], default_root_dir=opts.out,
         logger=pl.loggers.CSVLogger(opts.out), log_every_n_steps=1, enable_checkpointing=False,
@@ -124,4 +125,5 @@ def main(argv: list[str] | None = None, callbacks: list[pl.Callback] = ()) -> pl
 
 if __name__ == "__main__":
     metrics = main().logged_metrics
-    print({k: round(float(v), 6) for k, v in metrics.items() if k.startswith("asteria/idle")})
+    print({k: round(float(v), 6) for k, v in metrics.items()
+           if k.startswith(("asteria/idle", "asteria/energy"))})

@@ -5,9 +5,12 @@ its effective step, a stop request, gradient accumulation."""
 
 from __future__ import annotations
 
+import ast
 import math
+import subprocess
+import sys
 
-from tests.integrations.conftest import check_records, load_example, require
+from tests.integrations.conftest import EXAMPLES, check_records, load_example, require
 
 transformers = require("transformers", "hf")
 require("accelerate", "hf")
@@ -22,8 +25,8 @@ def build(tmp_path, *extra: str) -> tuple[transformers.Trainer, list]:
     """The example's Trainer, SOAP refreshing every 2 steps on one worker, with a listener."""
     opts = example.parse_args(["--steps", "12", "--eval-steps", "6", "--refresh-interval", "2",
                                "--staleness-bound", str(BOUND), "--workers", "1",
-                               "--batch-size", "4", "--cpu-watts", "10", "--out",
-                               str(tmp_path), *extra])
+                               "--batch-size", "4", "--cpu-watts", "10", "--logging-steps",
+                               "1", "--out", str(tmp_path), *extra])
     trainer = example.build_trainer(opts)
     records: list = []
     trainer.optimizer.runtime.add_listener(records.append)
@@ -93,3 +96,19 @@ def test_gradient_accumulation_gives_one_record_per_optimizer_step(tmp_path):
         # loss is their sum, as HF itself reports it
         assert same_loss(r.loss, logs[r.step]["loss"])
         assert set(r.timing.idle_seconds) == set(IDLE_CAUSES)
+
+
+def test_the_example_as_run_logs_ten_times_with_energy_and_no_warning(tmp_path):
+    """`python examples/hf_trainer.py` with its defaults, as a user runs it: HF prints its log
+    ten times a run (not once a step), each with Asteria's energy so far, and transformers has
+    nothing to warn about (the causal-LM loss is named where it looks)."""
+    run = subprocess.run([sys.executable, str(EXAMPLES / "hf_trainer.py"), "--steps", "20",
+                          "--eval-steps", "0", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    output = run.stdout + run.stderr
+    assert "loss_type" not in output and "warn" not in output.lower(), output
+    logs = [ast.literal_eval(line) for line in run.stdout.splitlines()
+            if line.startswith("{'loss'")][:-1]  # the last line is the example's own summary
+    assert len(logs) == 10, run.stdout
+    assert all(float(log["asteria/energy_joules/model"]) > 0 for log in logs)
+    assert "asteria/energy_joules/model" in run.stdout.splitlines()[-1]

@@ -112,3 +112,10 @@ def test_manual_optimization_through_lightning_optimizer(tmp_path):
     trainer, watch = fit(tmp_path, "--steps", "4", "--eval-steps", "0", model_cls=ManualByteLM)
     assert [r.step for r in watch.records] == [1, 2, 3, 4]
     assert all(math.isfinite(r.loss) and r.refresh is not None for r in watch.records)
+
+
+def test_energy_is_in_lightnings_logs_by_default(tmp_path):
+    """The example as a user runs it, on a machine without a measured energy source: the
+    modelled estimate is on by default, so Lightning's logs carry the energy figure."""
+    trainer = example.main(["--steps", "4", "--eval-steps", "0", "--out", str(tmp_path)])
+    assert float(trainer.logged_metrics["asteria/energy_joules/model"]) > 0
