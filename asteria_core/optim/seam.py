@@ -139,10 +139,30 @@ def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult
     """Compute a block's new basis from a snapshot: pure, deterministic for the same inputs.
 
     power_qr starts from an eigh when the snapshot's basis is the initial identity (version 0),
-    as the references do at a parameter's first step. Raises torch.linalg.LinAlgError when the
-    decomposition fails even in float64; the caller keeps the old basis and counts a failure.
+    as the references do at a parameter's first step. A float32 refresh that fails (the solver
+    raises, or gives NaN or infinite values: A Q overflows when the factor's entries near
+    float32's range) is computed again in float64, the result cast back. Raises
+    torch.linalg.LinAlgError when the factor itself holds NaN or infinite values (no dtype
+    helps, and an eigh may even return a finite basis for it) or the decomposition fails in
+    float64 too; the caller keeps the old basis and counts a failure.
     """
+    if not bool(torch.isfinite(snapshot.factor).all()):
+        raise torch.linalg.LinAlgError(f"the factor statistics of {tuple(snapshot.key)} hold "
+                                       "NaN or infinite values")
     dtype = REFRESH_DTYPES[config.dtype]
+    if dtype == torch.float64:
+        return _refresh(snapshot, config, dtype)
+    try:
+        result = _refresh(snapshot, config, dtype)
+        if is_finite(result):
+            return result
+    except torch.linalg.LinAlgError:
+        pass
+    return _refresh(snapshot, config, torch.float64)
+
+
+def _refresh(snapshot: FactorSnapshot, config: RefreshConfig,
+             dtype: torch.dtype) -> RefreshResult:
     factor_bb = snapshot.factor if snapshot.scale == 1.0 else snapshot.factor * snapshot.scale
     perm_b = None
     match config.method:
