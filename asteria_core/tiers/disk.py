@@ -12,20 +12,30 @@ staging buffer and the disk without the page cache; elsewhere (tmpfs, some netwo
 systems) writes are fsynced and the cache pages of both reads and writes are dropped with
 posix_fadvise(DONTNEED), so the state really leaves RAM either way. The disk tier is scratch
 space, not a checkpoint: durability comes from the run's checkpoints, which copy the state in.
+
+A checkpoint reads the files through `DiskTier.map`: each tensor a view of its file, mapped
+(file-backed, copy on write), checked, and not read into memory; the checkpoint writer drops
+each tensor's pages once written (`release_pages`), so saving the disk tier holds about one
+tensor of it in memory at a time, not a second copy of the state.
 """
 
 from __future__ import annotations
 
+import bisect
+import ctypes
 import errno
 import json
 import mmap
 import os
+import threading
 import time
+import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from asteria_core.tiers.lifecycle import ALIGN, padded
 
@@ -189,6 +199,45 @@ class DiskTier:
         self.bytes_read += sum(n for _, _, n in parts)
         self.read_seconds += time.perf_counter() - t0
 
+    def map(self, name: str, parts: list[tuple[str, int, int]]) -> dict[str, torch.Tensor]:
+        """The tensors `parts` of file `name` (as `write` laid them out) as uint8 tensors that
+        view the file: mapped copy-on-write, so they cost no memory until read and writing them
+        never touches the file, which a later write replaces rather than rewrites, so the views
+        keep the values of now. Every tensor's checksum is verified first (a page at a time
+        leaves memory again), as `read` does; raises TierFileError naming the tensor and the
+        file."""
+        path = self.path(name)
+        size = parts[-1][1] + padded(parts[-1][2])
+        tensors = ", ".join(t for t, _, _ in parts)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise TierFileError(tensors, path, "is missing") from None
+        try:
+            head_size = self._head_size(tensors, path, os.pread(fd, ALIGN, 0))
+            got_size = os.fstat(fd).st_size
+            if got_size != head_size + size:
+                raise TierFileError(tensors, path, f"has {got_size} bytes; expected "
+                                    f"{head_size + size} (truncated or not this state)")
+            info = self._header(tensors, path, os.pread(fd, head_size, 0))
+            buf = _map_file(fd, head_size + size)
+        finally:
+            os.close(fd)
+        stored = {tuple(p[:3]): p[3] for p in info.get("parts", [])}
+        view = memoryview(buf).cast("B")
+        out = {}
+        for t, off, n in parts:
+            if (t, off, n) not in stored:
+                raise TierFileError(t, path, "does not hold this tensor (stale or foreign)")
+            start = head_size + off
+            if zlib.crc32(view[start:start + n]) != stored[(t, off, n)]:
+                raise TierFileError(t, path, "fails its checksum (corrupt)")
+            _advise(ctypes.addressof(buf) + start, n, _MADV_DONTNEED)  # clean: the file has it
+            out[t] = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=start) if n \
+                else torch.empty(0, dtype=torch.uint8)
+        self.bytes_read += sum(n for _, _, n in parts)
+        return out
+
     def remove(self, name: str) -> None:
         self.path(name).unlink(missing_ok=True)
 
@@ -207,6 +256,84 @@ class DiskTier:
             return json.loads(raw[len(MAGIC) + 11:].rstrip(b"\0"))
         except ValueError:
             raise TierFileError(name, path, "has an unreadable header (corrupt)") from None
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MADV_DONTNEED = 4  # drop the pages (a private mapping's own changes too: only for clean ones)
+_MADV_PAGEOUT = 21  # reclaim the pages, never losing a change (Linux 5.4)
+
+
+class _Mappings:
+    """The address ranges of live `DiskTier.map` mappings, so the checkpoint writer can tell
+    which bytes it wrote came from a tier file."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._ends: dict[int, int] = {}
+
+    def add(self, start: int, length: int) -> None:
+        with self._lock:
+            bisect.insort(self._starts, start)
+            self._ends[start] = start + length
+
+    def remove(self, start: int) -> None:
+        with self._lock:
+            self._starts.pop(bisect.bisect_left(self._starts, start))
+            del self._ends[start]
+
+    def holds(self, address: int, nbytes: int) -> bool:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            return i >= 0 and address + nbytes <= self._ends[self._starts[i]]
+
+
+_MAPPINGS = _Mappings()
+
+
+def _map_file(fd: int, length: int) -> ctypes.Array:
+    """The first `length` bytes of file `fd`, mapped private and writable (copy on write), as a
+    ctypes buffer; unmapped when the buffer and every tensor made from it are gone."""
+    addr = _LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of a disk-tier file failed: {os.strerror(err)}")
+    buf = (ctypes.c_char * length).from_address(addr)
+    _MAPPINGS.add(addr, length)
+    weakref.finalize(buf, _unmap, addr, length)
+    return buf
+
+
+def _unmap(addr: int, length: int) -> None:
+    _MAPPINGS.remove(addr)
+    _LIBC.munmap(addr, length)
+
+
+def _advise(address: int, nbytes: int, advice: int) -> None:
+    """madvise the pages that [address, address + nbytes) touches. Tensors in a tier file start
+    and end on 4096-byte boundaries; a neighbour's page caught on a larger page size is clean
+    (DONTNEED right after mapping) or kept intact (PAGEOUT), so it is only read again."""
+    start = address // mmap.PAGESIZE * mmap.PAGESIZE
+    end = -(-(address + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+    _LIBC.madvise(start, end - start, advice)  # advice only: a refusal changes nothing
+
+
+def release_pages(data) -> None:
+    """After a checkpoint writer wrote `data` (a buffer): when its bytes are a `DiskTier.map`
+    view, take their pages out of this process's memory. MADV_PAGEOUT reclaims them and keeps
+    any change a caller made to its copy-on-write view; the file still has the rest."""
+    view = memoryview(data)
+    if not view.nbytes:
+        return
+    address = np.frombuffer(view.cast("B"), np.uint8).ctypes.data
+    if _MAPPINGS.holds(address, view.nbytes):
+        _advise(address, view.nbytes, _MADV_PAGEOUT)
 
 
 def _crc_update(crcs: list[int], parts: list[tuple[str, int, int]], data: np.ndarray,

@@ -257,15 +257,28 @@ class TierStore:
                 self._adopt(index, state)
 
     def materialized(self, packed: dict) -> dict:
-        """A copy of torch's packed optimizer state with every entry read back in (CPU)."""
+        """torch's packed optimizer state with every disk-tier entry put back, as a view of its
+        file (checked, mapped, not read: `DiskTier.map`), so a checkpoint streams the disk tier
+        from file to file without a second copy of the state in memory. Other entries are the
+        optimizer's own tensors, as torch's state_dict gives them."""
         self._drain()
         out = {}
         for index, state in packed.items():
             state = copy_structure(state)
             if isinstance(index, int) and self._offsets.get(index) and state:
-                for path, t in self._gather(index).items():
+                for path, t in self._mapped(index).items():
                     set_leaf(state, path, t)
             out[index] = state
+        return out
+
+    def _mapped(self, index: int) -> dict:
+        """Parameter `index`'s disk-tier entries as views of their files (after `_drain`)."""
+        by_name = {e.name: e for e, _ in self._offsets[index]}
+        out = {}
+        for fname, _, _, parts in self._groups[index]:
+            for name, raw in self.disk.map(fname, parts).items():
+                e = by_name[name]
+                out[e.path] = raw.view(e.dtype).view(e.shape)
         return out
 
     # ------------------------------------------------------------------ loads and writes

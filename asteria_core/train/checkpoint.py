@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from asteria_core.tiers.disk import release_pages
+
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 
@@ -45,15 +47,35 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class _Streamed:
+    """The checkpoint file as torch.save writes it, one tensor per write: once a tensor that
+    views a disk-tier file is written its pages leave memory again (tiers.disk.release_pages),
+    so the disk tier goes from file to file about one tensor at a time."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+
+    def write(self, data) -> int:
+        n = self._f.write(data)
+        release_pages(data)
+        return n
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def save_atomic(obj: dict[str, Any], path: Path) -> None:
-    """Write `obj` to `path` so that readers see either the old file or the new one, whole."""
+    """Write `obj` to `path` so that readers see either the old file or the new one, whole.
+    Nothing is copied first: torch.save writes each tensor from its own memory, and the disk
+    tier's from its mapped files (see `_Streamed`); the written file leaves the page cache."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            torch.save(obj, _Streamed(f))
             f.flush()
             os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
