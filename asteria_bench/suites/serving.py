@@ -25,6 +25,11 @@ one server each (on a machine with 2 or more CPUs):
   it (measured: +29% step time at nice 0).
 - `shared` (worst case): the whole server process on the first CPU, so every request's CPU time
   is taken from training; the load generator on the second.
+
+Stopping. `asteria train` gets SIGINT right after its first step while a busy process takes
+every core, alternately AdamW serving /metrics and SOAP on worker processes that are still
+starting: the seconds from the signal to the process's exit, with its checkpoint written (the
+target: within 10 s; tests/asteria_core/train/test_stop_under_load.py checks the behaviour).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +53,7 @@ from pathlib import Path
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult, percentile
+from asteria_core.machine import MACHINE
 
 TITLE = "Serving: telemetry and control-plane overhead under load"
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,12 +76,17 @@ class Sizes:
     pollers: int
     sse_clients: int
     server_args: tuple[str, ...]
+    # stopping
+    stops: int            # SIGINTs beside busy cores, alternating AdamW and SOAP
+    stop_args: tuple[str, ...] = ()  # model overrides of the stopped runs
 
 
 FULL = Sizes(steps=400, block=20, warmup=20, scrape_hz=1.0, overrides=("--train.threads", "1"),
-             window=20.0, rounds=3, settle=5.0, pollers=50, sse_clients=5, server_args=())
+             window=20.0, rounds=3, settle=5.0, pollers=50, sse_clients=5, server_args=(),
+             stops=10)
 QUICK = Sizes(steps=30, block=10, warmup=5, scrape_hz=1.0, overrides=("--train.threads", "1"),
-              window=3.0, rounds=2, settle=3.0, pollers=50, sse_clients=5, server_args=())
+              window=3.0, rounds=2, settle=3.0, pollers=50, sse_clients=5, server_args=(),
+              stops=4)
 
 
 def run(opts: BenchOptions) -> SuiteResult:
@@ -90,9 +103,11 @@ def run(opts: BenchOptions) -> SuiteResult:
         for layout in LAYOUTS:
             api[layout] = control_plane(layout, sizes, opts, result)
             result.save(opts.out_dir)
+        stops = stop_latency(sizes, opts, result)
+        result.save(opts.out_dir)
     finally:
         torch.set_num_threads(threads)  # the trainers set the process's thread count
-    summarize(result, tel, api, sizes)
+    summarize(result, tel, api, stops, sizes)
     plot(result, tel, api, opts)
     result.save(opts.out_dir)
     return result
@@ -300,14 +315,56 @@ def run_clients(base: str, run_id: str, seconds: float, sizes: Sizes) -> tuple[l
     return out[0]
 
 
-def step_times(base: str, run_id: str, t0: float, t1: float) -> list[float]:
-    """The served run's step times of the steps that began and ended inside [t0, t1]."""
+def step_times(base: str, run_id: str, t0: float, t1: float,
+               timeout: float = 120.0) -> list[float]:
+    """The served run's step times of the steps that began and ended inside [t0, t1].
+
+    Asked once the run has recorded a step that ended after t1: the store writes records in
+    batches, so a question asked at t1 can miss the window's last steps (on a busy machine, all
+    of them). `timeout` is a hang guard only."""
     import httpx
 
-    steps = httpx.get(f"{base}/runs/{run_id}/steps", params={"limit": 10000},
-                      timeout=30).json()["steps"]
+    deadline = time.time() + timeout
+    while True:
+        steps = httpx.get(f"{base}/runs/{run_id}/steps", params={"limit": 10000},
+                          timeout=30).json()["steps"]
+        if any(s["time"] > t1 for s in steps) or time.time() > deadline:
+            break
+        time.sleep(0.2)
     return [s["step_seconds"] for s in steps if t0 <= s["time"] - s["step_seconds"] and
             s["time"] <= t1 and s.get("eval_loss") is None]
+
+
+MAX_WINDOWS = 20  # a window is repeated until it holds a whole step: at most this many times
+
+
+def quiet_window(base: str, run_id: str, seconds: float) -> list[float]:
+    """Step times of a window without clients, lengthened until a whole step falls inside."""
+    t0 = time.time()
+    for _ in range(MAX_WINDOWS):
+        time.sleep(seconds)
+        times = step_times(base, run_id, t0, time.time())
+        if times:
+            break
+    return times
+
+
+def loaded_window(base: str, run_id: str, seconds: float, sizes: Sizes
+                  ) -> tuple[list[float], list[float], int, float]:
+    """Step times, request latencies and SSE events of a window with clients, lengthened the
+    same way; and the window's seconds, with its clients' wind-down."""
+    t0 = time.time()
+    latencies: list[float] = []
+    events = 0
+    for _ in range(MAX_WINDOWS):
+        lat, n_events = run_clients(base, run_id, seconds, sizes)
+        latencies += lat
+        events += n_events
+        t1 = time.time()
+        times = step_times(base, run_id, t0, t1)
+        if times:
+            break
+    return times, latencies, events, t1 - t0
 
 
 def free_port() -> int:
@@ -351,14 +408,10 @@ def control_plane(layout: str, sizes: Sizes, opts: BenchOptions, result: SuiteRe
             time.sleep(sizes.settle)  # let the first steps warm up
             with progress(sizes.rounds, f"serving: control plane, {layout}", opts) as bar:
                 for r in range(sizes.rounds):
-                    t0 = time.time()
-                    time.sleep(sizes.window)
-                    q = step_times(base, run_id, t0, time.time())
-                    t0 = time.time()
-                    lat, n_events = run_clients(base, run_id, sizes.window, sizes)
-                    t1 = time.time()
-                    loaded_seconds += t1 - t0  # the window and its clients' wind-down
-                    ld = step_times(base, run_id, t0, t1)
+                    q = quiet_window(base, run_id, sizes.window)
+                    ld, lat, n_events, seconds = loaded_window(base, run_id, sizes.window,
+                                                               sizes)
+                    loaded_seconds += seconds
                     quiet += q
                     loaded += ld
                     latencies += lat
@@ -394,8 +447,74 @@ def control_plane(layout: str, sizes: Sizes, opts: BenchOptions, result: SuiteRe
     }
 
 
+# ----------------------------------------------------------------------------- stopping
+STOP_TARGET_SECONDS = 10.0
+STOP_MODEL = ("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
+              "--model.block_size", "32", "--data.batch_size", "4")
+
+
+def first_step_done(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    """Waits until the run's /metrics counts a step (`timeout` is a hang guard only)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            steps = re.search(r"^asteria_steps(?:_total)? (\S+)$", body, re.M)
+            if steps and float(steps[1]) > 0:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"no step seen on {url}; exit status {proc.poll()}")
+
+
+def stop_latency(sizes: Sizes, opts: BenchOptions, result: SuiteResult) -> list[float]:
+    """Seconds from SIGINT to exit of `asteria train` beside a busy process on every core."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)]
+    seconds: list[float] = []
+    try:
+        with progress(sizes.stops, "serving: stop beside busy cores", opts) as bar, \
+                tempfile.TemporaryDirectory(prefix="asteria-bench-stop-") as tmp:
+            for i in range(sizes.stops):
+                soap = i % 2 == 1
+                port = free_port()
+                cmd = [sys.executable, "-m", "asteria_core.cli", "train", "--metrics-port",
+                       str(port), "--train.out_dir", f"{tmp}/run{i}", "--train.steps",
+                       "1000000", "--train.eval_interval", "100000", "--train.threads", "1",
+                       "--train.device", opts.device, "--no-progress",
+                       *(sizes.stop_args or STOP_MODEL)]
+                if soap:
+                    cmd += ["--optim.name", "soap", "--policy.worker_kind", "process",
+                            "--policy.workers", str(min(2, MACHINE.max_process_workers))]
+                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)
+                try:
+                    first_step_done(f"http://127.0.0.1:{port}/metrics", proc)
+                    sent = time.time()
+                    proc.send_signal(signal.SIGINT)
+                    _, err = proc.communicate(timeout=300)
+                    took = time.time() - sent
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.communicate()
+                if proc.returncode != 130:
+                    raise RuntimeError(f"a stopped run exited {proc.returncode}:\n{err[-2000:]}")
+                seconds.append(took)
+                result.runs.append({"kind": "stop", "optimizer": "soap" if soap else "adamw",
+                                    "seconds": took})
+                bar.update(1)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    return seconds
+
+
 # ----------------------------------------------------------------------------- report
-def summarize(result: SuiteResult, tel: dict, api: dict, sizes: Sizes) -> None:
+def summarize(result: SuiteResult, tel: dict, api: dict, stops: list[float],
+              sizes: Sizes) -> None:
     t = result.table(
         f"Telemetry: step time with /metrics scraped at {sizes.scrape_hz:g} Hz against "
         f"telemetry off ({tel['params'] / 1e6:.2f}M-parameter GPT, {sizes.steps} steps per arm "
@@ -425,6 +544,17 @@ def summarize(result: SuiteResult, tel: dict, api: dict, sizes: Sizes) -> None:
         a.add(layout, round(r["requests_per_second"], 1), round(r["p50"], 2),
               round(r["p99"], 1), r["events"], round(r["quiet"] * 1e3, 1),
               round(r["loaded"] * 1e3, 1), f"{r['slowdown'] * 100:+.1f}%")
+    st = result.table(
+        f"Stopping: seconds from SIGINT to exit of `asteria train`, its checkpoint written, "
+        f"beside a busy process on every core ({len(stops)} stops)",
+        ["runs", "median s", "max s", "target (max) s"],
+        note="alternately AdamW serving /metrics and SOAP on worker processes still starting")
+    st.add(len(stops), round(statistics.median(stops), 2), round(max(stops), 2),
+           STOP_TARGET_SECONDS)
+    result.findings.append(
+        f"A stop beside busy cores took {statistics.median(stops):.1f} s (median) and "
+        f"{max(stops):.1f} s at most over {len(stops)} runs, against a {STOP_TARGET_SECONDS:g} s "
+        f"target{'' if max(stops) <= STOP_TARGET_SECONDS else ': OVER the target'}.")
     result.quote("telemetry_overhead_pct", round(accounted * 100, 3),
                  "telemetry with /metrics scraped at 1 Hz costs {value:.2f}% of a step in "
                  "training-thread CPU time")

@@ -91,7 +91,7 @@ def test_serving_suite_measures_telemetry_and_a_served_run_under_load(tmp_path, 
         steps=4, block=2, warmup=2, scrape_hz=5.0, overrides=("--train.threads", "1",
                                                                 *TINY_MODEL),
         window=1.5, rounds=1, settle=0.5, pollers=4, sse_clients=1,
-        server_args=TINY_MODEL))
+        server_args=TINY_MODEL, stops=2, stop_args=TINY_MODEL))
     opts = options(tmp_path, "serving")
     load("serving").run(opts)
     data = json.loads((opts.out_dir / "serving.json").read_text())
@@ -109,10 +109,14 @@ def test_serving_suite_measures_telemetry_and_a_served_run_under_load(tmp_path, 
         assert r["quiet_step_seconds"] and r["loaded_step_seconds"]
         assert all(finite_positive(t) for t in r["quiet_step_seconds"]
                    + r["loaded_step_seconds"])
-    telemetry, api = data["tables"]
+    telemetry, api, _ = data["tables"]
     assert len(telemetry["rows"]) == 1 and [row[0] for row in api["rows"]] == \
         list(serving.LAYOUTS)
     assert finite_positive(data["headline"]["telemetry_overhead_pct"]["value"])
+    stops = [r for r in data["runs"] if r["kind"] == "stop"]
+    assert [r["optimizer"] for r in stops] == ["adamw", "soap"]
+    assert all(finite_positive(r["seconds"]) for r in stops)
+    assert data["tables"][2]["rows"][0][0] == 2
 
 
 @pytest.mark.multiproc
