@@ -445,14 +445,25 @@ class BlockPreconditioner(torch.optim.Optimizer):
         return cached[1]
 
     def _locate(self, key: BlockKey) -> tuple[torch.Tensor, dict, Layout]:
-        for index, p, group in self._indexed_params():
-            if index == key.param:
-                layout = self._layout(index, p, group)
-                if (key.dim >= len(layout.chunks) or layout.chunks[key.dim] is None
-                        or not 0 <= key.chunk < len(layout.chunks[key.dim])):
-                    raise KeyError(f"{key} is not a refresh block (layout {layout})")
-                return p, group, layout
-        raise KeyError(f"{key}: no parameter with index {key.param}")
+        found = self._params_by_index().get(key.param)
+        if found is None:
+            raise KeyError(f"{key}: no parameter with index {key.param}")
+        p, group = found
+        layout = self._layout(key.param, p, group)
+        if (key.dim >= len(layout.chunks) or layout.chunks[key.dim] is None
+                or not 0 <= key.chunk < len(layout.chunks[key.dim])):
+            raise KeyError(f"{key} is not a refresh block (layout {layout})")
+        return p, group, layout
+
+    def _params_by_index(self) -> dict[int, tuple[torch.Tensor, dict]]:
+        """index -> (parameter, group), kept until the groups change: a boundary looks up
+        every block it snapshots or swaps, and a scan per lookup made that quadratic in the
+        parameters (seconds per round with thousands of blocks)."""
+        shape = tuple((id(g["params"]), len(g["params"])) for g in self.param_groups)
+        cached = getattr(self, "_by_index", None)
+        if cached is None or cached[0] != shape:
+            cached = self._by_index = (shape, {i: (p, g) for i, p, g in self._indexed_params()})
+        return cached[1]
 
     def _block_state(self, p: torch.Tensor, key: BlockKey) -> dict:
         state = self.state.get(p)

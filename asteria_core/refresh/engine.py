@@ -154,10 +154,14 @@ class RefreshEngine:
         self.waited_seconds = 0.0
         self._consecutive: dict[BlockKey, int] = dict.fromkeys(self.blocks, 0)
         self._refresh_seconds: dict[BlockKey, float] = {}
+        self._round_seconds = 0.0
+        """Sum of `_refresh_seconds`: one round's work, kept as it changes (not summed over
+        every block at every boundary)."""
         self._pool = None
         self._pool_spec: tuple | None = None
         self._retired: list = []
-        self._held: list[Outstanding] = []
+        self._held: dict[Outstanding, None] = {}
+        """Jobs pacing holds back, in order (a dict: dropping one costs O(1), not a scan)."""
         self._last_boundary: float | None = None
         self._step_seconds = 0.0
         self._mode = ""
@@ -210,7 +214,7 @@ class RefreshEngine:
                 if item.release_step is not None:
                     if self._pool is not None:
                         continue  # held by pacing: goes to the new pool when released
-                    self._held.remove(item)
+                    del self._held[item]
                     item.release_step = None
                 old.abandon(job)
                 if self._pool is None:  # now inline: compute it here
@@ -254,7 +258,7 @@ class RefreshEngine:
         queue_.pop()
         older.job.cancelled = True  # no worker takes it now; one that just did is not read
         if older.release_step is not None:  # still held back by pacing
-            self._held.remove(older)
+            del self._held[older]
         item.since = older.since
 
     def _exchange(self, due, started: dict[BlockKey, Outstanding], t: int) -> None:
@@ -298,14 +302,14 @@ class RefreshEngine:
             slot = load.index(min(load))
             load[slot] += self.blocks[item.key].cost
             item.release_step = t + slot
-            self._held.append(item)
+            self._held[item] = None
 
     def _release(self, t: int) -> None:
         for item in [i for i in self._held if i.release_step <= t]:
             self._submit(item)
 
     def _submit(self, item: Outstanding) -> None:
-        self._held.remove(item)
+        del self._held[item]
         item.release_step = None
         self._pool.submit(item.job)
 
@@ -317,7 +321,12 @@ class RefreshEngine:
             item.result = (fn or self.fn)(job.snapshot, job.config)
         except Exception as err:
             item.error = f"{type(err).__name__}: {err}"
-        self._refresh_seconds[item.key] = time.perf_counter() - t0
+        self._took(item.key, time.perf_counter() - t0)
+
+    def _took(self, key: BlockKey, seconds: float) -> None:
+        """The last refresh of `key` took `seconds` (its share of a round's work)."""
+        self._round_seconds += seconds - self._refresh_seconds.get(key, 0.0)
+        self._refresh_seconds[key] = seconds
 
     def _swap_due(self, t: int, policy: Policy) -> None:
         for queue_ in self.outstanding.values():
@@ -360,7 +369,7 @@ class RefreshEngine:
             if not finished:
                 return
         item.result, item.error = job.result, job.error
-        self._refresh_seconds[item.key] = job.seconds
+        self._took(item.key, job.seconds)
 
     def _receive(self, item: Outstanding, policy: Policy) -> None:
         """Another rank's result, waited for (sync_wait) if it has not arrived by its swap."""
@@ -429,7 +438,7 @@ class RefreshEngine:
         """Refresh work per interval / worker capacity; above 1 the workers cannot keep up."""
         if policy.workers == 0 or not self._step_seconds or not self._refresh_seconds:
             return None
-        work = sum(self._refresh_seconds.get(k, 0.0) for k in self.blocks)
+        work = self._round_seconds
         return work / (policy.workers * policy.refresh_interval * self._step_seconds)
 
     def _report(self, t: int, policy: Policy) -> None:
@@ -473,7 +482,7 @@ class RefreshEngine:
                 job = item.job
                 if self.exchange is None and job is not None and job.started_at is None:
                     if item.release_step is not None:  # held by pacing: never submitted
-                        self._held.remove(item)
+                        del self._held[item]
                         item.release_step = None
                     job.cancelled = True  # no worker takes it now; one that just did is unread
                     item.job = None

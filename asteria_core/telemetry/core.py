@@ -134,8 +134,7 @@ class Telemetry:
             self._latest["refresh_workers_busy_ratio"] = busy_ratio
 
     def set_staleness(self, steps: Sequence[int]) -> None:
-        for s in steps:
-            self._exporter.staleness.observe(s)
+        self._exporter.staleness.observe_all(steps)
         if steps:
             self._latest["staleness_max_steps"] = max(steps)
 

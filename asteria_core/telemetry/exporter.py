@@ -8,12 +8,23 @@ energy monitor at scrape time. The full contract is docs/metrics.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, start_http_server
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from asteria_core.telemetry.energy import DeviceSnapshot
 from asteria_core.telemetry.records import DistributedFigures
@@ -106,6 +117,39 @@ class _DeviceCollector(Collector):
                                     "loss for energy-to-target.", value=snap.target_loss)
 
 
+class _BatchHistogram(Collector):
+    """A histogram fed a batch of observations at once, tallied per distinct value first: the
+    staleness of every block at every step is thousands of values with a few distinct ones
+    (0 to S), so a step costs a few bucket updates instead of one histogram call per block.
+    Exposed as prometheus_client's own Histogram is (buckets, count, sum, created)."""
+
+    def __init__(self, name: str, doc: str, buckets: Iterable[float]) -> None:
+        self.name, self.doc = name, doc
+        self._bounds = [float(b) for b in buckets] + [float("inf")]
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._created = time.time()
+        self._lock = threading.Lock()
+
+    def observe_all(self, values: Iterable[float]) -> None:
+        tally = Tally(values)
+        with self._lock:
+            for value, count in tally.items():
+                self._counts[bisect.bisect_left(self._bounds, value)] += count
+                self._sum += value * count
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, count in zip(self._bounds, counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), float(cumulative)))
+        family = HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=total)
+        family.samples.append(Sample(f"{self.name}_created", {}, self._created))
+        yield family
+
+
 class _DistributedCollector(Collector):
     """A data-parallel rank's place and what its version exchange moved, from its newest step
     record's `distributed` section; no series outside a data-parallel run. No `rank` label:
@@ -156,9 +200,10 @@ class MetricsExporter:
                                    ["tier"], registry=r)
         self.transfer = Counter("asteria_tier_transfer_bytes", "Bytes moved between tiers.",
                                 ["src", "dst"], registry=r)
-        self.staleness = Histogram("asteria_preconditioner_staleness_steps", "Staleness of "
-                                   "each preconditioner block in use, observed every step.",
-                                   buckets=STALENESS_BUCKETS, registry=r)
+        self.staleness = _BatchHistogram("asteria_preconditioner_staleness_steps", "Staleness "
+                                         "of each preconditioner block in use, observed every "
+                                         "step.", STALENESS_BUCKETS)
+        r.register(self.staleness)
         self.refresh_seconds = Histogram("asteria_refresh_seconds", "Time of one "
                                          "preconditioner refresh.", buckets=REFRESH_BUCKETS,
                                          registry=r)

@@ -59,7 +59,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return torch.Size(self.shape).numel() * torch.empty((), dtype=self.dtype).element_size()
+        return torch.Size(self.shape).numel() * self.dtype.itemsize
 
     @property
     def name(self) -> str:

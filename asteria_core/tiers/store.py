@@ -20,6 +20,7 @@ boundary after a policy change the store re-plans and migrates entries between t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -77,6 +78,7 @@ class TierStore:
         self._writing: dict[int, threading.Event] = {}
         self._held: dict[int, int] = {}  # index -> slot, while a use holds it
         self._order: list[int] = []
+        self._position: dict[int, int] = {}  # index -> its place in _order
         self._adopted: set[int] = set()
         self._linger: tuple[int, dict, set[str]] | None = None
         self._homes: dict[tuple, torch.Tensor] = {}  # CUDA only: pinned host homes
@@ -166,6 +168,7 @@ class TierStore:
     def begin_step(self, order: list[int]) -> None:
         self._raise_errors()
         self._order = order
+        self._position = {index: pos for pos, index in enumerate(order)}
         self._prefetch_from(0)
 
     def announce(self) -> None:
@@ -284,7 +287,9 @@ class TierStore:
     # ------------------------------------------------------------------ loads and writes
     def _prefetch_from(self, pos: int) -> None:
         limit = max(len(self._slots) - 1, 0)  # one buffer stays free for an unplanned use
-        for index in self._order[pos:]:
+        if self._prefetched >= limit:
+            return  # (every use calls this: it must not cost a walk over the parameters)
+        for index in itertools.islice(self._order, pos, None):
             if self._prefetched >= limit:
                 return
             if not self._offsets.get(index) or not self._has_state(index):
@@ -295,8 +300,9 @@ class TierStore:
             self._prefetched += 1
 
     def _prefetch_after(self, index: int) -> None:
-        if index in self._order:
-            self._prefetch_from(self._order.index(index) + 1)
+        pos = self._position.get(index)
+        if pos is not None:
+            self._prefetch_from(pos + 1)
 
     def _start_load(self, index: int):
         load = (threading.Event(), [None, None])
@@ -436,7 +442,12 @@ class TierStore:
 
     # ------------------------------------------------------------------ figures, shutdown
     def tier_bytes(self) -> dict[str, int]:
-        return {t: self.plan.used(self.entries, t) for t in ("device", "host", "disk")}
+        """Bytes of state per home tier (the plan's: computed once per plan, not per step)."""
+        if getattr(self, "_tier_bytes", (None,))[0] is not self.plan:
+            self._tier_bytes = (self.plan, {t: self.plan.used(self.entries, t)
+                                            for t in ("device", "host", "disk")},
+                                sum(e.nbytes for e in self.entries))
+        return dict(self._tier_bytes[1])
 
     def hit_ratio(self) -> float | None:
         total = self.hits + self.misses
@@ -446,7 +457,7 @@ class TierStore:
         """Bytes and budget per tier (the host tier counts the disk tier's staging buffers)."""
         used = self.tier_bytes()
         policy = self._policy
-        total = sum(e.nbytes for e in self.entries)
+        total = self._tier_bytes[2]
         staging = self.plan.slots * self.plan.slot_bytes
         held = {"device": used["device"], "host": used["host"] + staging}
         capacity = {"device": policy.device_budget_bytes or total,
