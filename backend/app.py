@@ -7,12 +7,18 @@ a user's runtime (`create_app(settings, attach=runtime)`, what `backend.serve` d
 
 from __future__ import annotations
 
+import html
 import logging
+import math
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, Response, status
+from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -26,7 +32,7 @@ from swagger_ui_bundle import swagger_ui_path
 from asteria_core.policy import PolicyError
 from asteria_core.runtime import Runtime
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
-from backend.auth import load_or_create_token, token_matches
+from backend.auth import Throttled, TokenGuard, client_host, load_or_create_token
 from backend.deps import require_token
 from backend.events import Broadcaster
 from backend.fastlane import LiveReadFastLane
@@ -43,8 +49,30 @@ def default_run_config() -> RunConfig:
     return RunConfig(train=TrainConfig(checkpoint_interval=100))
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with what JSON text cannot hold written out: a non-finite number as its name
+    ("nan", "inf", "-inf"), a lone surrogate as a \\udxxx escape. An error echoes its input,
+    and Python's json reads NaN, Infinity, 1e400 and "\\ud800" into one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class ErrorResponse(JSONResponse):
+    """An error answer, rendered whatever input it names (json_safe)."""
+
+    def render(self, content: Any) -> bytes:
+        return super().render(json_safe(jsonable_encoder(content)))
+
+
 def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
+    return ErrorResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
 
 
 API_MODULES = (runs, policy, data, ranks)
@@ -79,9 +107,10 @@ def _needs_token(route: BaseRoute) -> bool:
 
 
 class TokenFirst:
-    """A request to a route that needs the token is answered 401 before anything reads its
-    body: FastAPI parses and validates a body before it runs the route's dependencies, which
-    would tell anyone without the token what the API accepts (and make it parse their bytes)."""
+    """A request to a route that needs the token is answered 401 (429 for a client throttled
+    after wrong tokens) before anything reads its body: FastAPI parses and validates a body
+    before it runs the route's dependencies, which would tell anyone without the token what
+    the API accepts (and make it parse their bytes)."""
 
     def __init__(self, app: ASGIApp, routes: Callable[[], list[BaseRoute]]) -> None:
         self.app, self._routes, self._guarded = app, routes, None
@@ -90,14 +119,24 @@ class TokenFirst:
         if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
             if self._guarded is None:
                 self._guarded = [r for r in self._routes() if _needs_token(r)]
-            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if any(r.matches(scope)[0] == Match.FULL for r in self._guarded) and \
-                    not token_matches(header, scope["app"].state.token):
-                response = JSONResponse({"detail": "missing or wrong bearer token"}, 401,
-                                        headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
+            if any(r.matches(scope)[0] == Match.FULL for r in self._guarded):
+                response = self._refusal(scope)
+                if response is not None:
+                    await response(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    @staticmethod
+    def _refusal(scope: Scope) -> JSONResponse | None:
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        try:
+            if scope["app"].state.guard.verify(header, client_host(scope)):
+                return None
+        except Throttled as err:
+            return JSONResponse({"detail": str(err)}, 429,
+                                headers={"Retry-After": str(err.retry_after)})
+        return JSONResponse({"detail": "missing or wrong bearer token"}, 401,
+                            headers={"WWW-Authenticate": "Bearer"})
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -108,13 +147,17 @@ def _install_error_handlers(app: FastAPI) -> None:
             err = StarletteHTTPException(405, err.detail, headers={"Allow": allow})
         return await http_exception_handler(request, err)
 
+    @app.exception_handler(RequestValidationError)
+    def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        return ErrorResponse({"detail": err.errors()}, 422)
+
     @app.exception_handler(RunNotFound)
     def not_found(_: Request, err: RunNotFound) -> JSONResponse:
-        return JSONResponse({"detail": f"no run {err.args[0]!r}"}, status.HTTP_404_NOT_FOUND)
+        return ErrorResponse({"detail": f"no run {err.args[0]!r}"}, status.HTTP_404_NOT_FOUND)
 
     @app.exception_handler(RunConflict)
     def conflict(_: Request, err: RunConflict) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status.HTTP_409_CONFLICT)
+        return ErrorResponse({"detail": str(err)}, status.HTTP_409_CONFLICT)
 
     @app.exception_handler(PolicyError)
     def bad_policy(_: Request, err: PolicyError) -> JSONResponse:
@@ -123,12 +166,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     def store_failed(_: Request, err: StoreError) -> JSONResponse:
         # Logged by the store's writer, which goes on serving; this request alone fails.
-        return JSONResponse({"detail": str(err)}, status.HTTP_500_INTERNAL_SERVER_ERROR)
+        return ErrorResponse({"detail": str(err)}, status.HTTP_500_INTERNAL_SERVER_ERROR)
 
     @app.exception_handler(ConfigError)
     def bad_config(_: Request, err: ConfigError) -> JSONResponse:
-        key = str(err).split(":", 1)[0].strip()
-        return _error(422, ["body", "config", *key.split(".")], str(err), "config_error")
+        return _error(422, ["body", "config", *_config_key(str(err)).split(".")], str(err),
+                      "config_error")
+
+
+def _config_key(message: str) -> str:
+    """The dotted key a ConfigError names: "optim.lr: got ..." or, for a key the section does
+    not have, "unknown config key 'optim.lrr'; allowed ..." (written as repr: escaped)."""
+    if unknown := re.match(r"unknown config key '([^']*)'", message):
+        return unknown.group(1)
+    return message.split(":", 1)[0].strip()
 
 
 DOCS_ASSETS = "/docs/assets"
@@ -151,11 +202,40 @@ def _install_docs(app: FastAPI) -> None:
 
 
 def _metrics(app: FastAPI) -> tuple[bytes, str]:
-    """The exposition of the newest run's telemetry (kept after it ends), or an empty one."""
+    """The exposition of the newest run's telemetry (kept after it ends), or an empty one,
+    followed by the control plane's own (the token guard's counters)."""
     telemetry = app.state.manager.last_telemetry
     if telemetry is not None:
-        return telemetry.exposition()
-    return generate_latest(CollectorRegistry()), CONTENT_TYPE_LATEST
+        run, content_type = telemetry.exposition()
+    else:
+        run, content_type = generate_latest(CollectorRegistry()), CONTENT_TYPE_LATEST
+    return run + app.state.guard.exposition(), content_type
+
+
+def _install_landing(app: FastAPI, settings: Settings) -> None:
+    """GET /: the first URL `asteria start` prints, a page of links to what this server has."""
+    dashboard = (f'<li><a href="{html.escape(settings.dashboard_url)}">the dashboard</a>: watch '
+                 "and steer the run</li>") if settings.dashboard_url else \
+        "<li>the dashboard: started by <code>asteria start</code> (port 8501 by default)</li>"
+    title = html.escape(app.title)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>
+<body style="font-family: sans-serif; max-width: 44em; margin: 2em auto">
+<h1>{title}</h1>
+<p>{html.escape(app.description)}</p>
+<ul>
+<li><a href="/docs">/docs</a>: the API, to try out (Authorize with the token for changes)</li>
+<li><a href="/healthz">/healthz</a>: whether a run is training, and which</li>
+<li><a href="/runs">/runs</a>: every run, newest first</li>
+<li><a href="/metrics">/metrics</a>: Prometheus metrics of the newest run</li>
+{dashboard}
+</ul>
+</body></html>
+"""
+
+    @app.get("/", include_in_schema=False)
+    def landing() -> HTMLResponse:
+        return HTMLResponse(page)
 
 
 def create_app(settings: Settings | None = None, default_config: RunConfig | None = None, *,
@@ -176,6 +256,8 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
             print(f"asteria: API token (saved to {settings.resolved_token_file}, mode 0600): "
                   f"{token}", flush=True)
         app.state.store, app.state.token, app.state.settings = store, token, settings
+        app.state.guard = TokenGuard(token, settings.auth_failures_burst,
+                                     settings.auth_failures_window_seconds)
         app.state.events = Broadcaster()
         app.state.manager = RunManager(store, app.state.events, settings.runs_dir,
                                        live_window=settings.live_steps_window)
@@ -201,7 +283,9 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
         max_body_size=settings.max_body_bytes,
         responses={400: {"description": "malformed request"},
                    413: {"description": "request body too large"},
-                   422: {"description": "invalid input; the message names the field"}},
+                   422: {"description": "invalid input; the message names the field"},
+                   429: {"description": "too many wrong tokens from this client; retry after "
+                                        "the Retry-After header's seconds"}},
     )
     app.add_middleware(LiveReadFastLane)  # added first: CORS, when on, wraps it too
     app.add_middleware(TokenFirst, routes=lambda: _routes(app))
@@ -211,6 +295,7 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
                            allow_headers=["Authorization", "Content-Type"])
     _install_error_handlers(app)
     _install_docs(app)
+    _install_landing(app, settings)
     for module in API_MODULES:
         app.include_router(module.router)
     return app

@@ -15,16 +15,49 @@ import types
 import typing
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 from pydantic import create_model as pydantic_create_model
 
 from asteria_core.policy import Policy
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_docs import attribute_docs
 
-_STRICT = {bool: StrictBool, int: StrictInt, float: Annotated[float, Strict()], str: StrictStr}
+TEXT_RULE = "text without NUL bytes or lone surrogates"
+
+
+def plain_text(value: str) -> str:
+    """A string that a path, the store and a JSON answer can all hold. Python's json reads
+    "\\u0000" and a lone "\\ud800" into a str, but the OS refuses a NUL in a path and UTF-8
+    cannot encode a lone surrogate."""
+    where = value.find("\0")
+    if where < 0:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            where = err.start
+    if where >= 0:
+        raise ValueError(f"got {value[where]!r} at index {where}; allowed: {TEXT_RULE}")
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(plain_text)]
+"""A strict JSON string that is plain text (plain_text)."""
+FiniteNumber = Annotated[float, Strict(), AllowInfNan(False)]
+"""A strict JSON number that is finite: Python's json reads NaN, Infinity and 1e400 (inf)."""
+
+_STRICT = {bool: StrictBool, int: StrictInt, float: FiniteNumber, str: Text}
 """JSON types as the config loader takes them: no "5" for 5, no true for 1; an integer is a
-number (strict floats accept ints)."""
+number (strict floats accept ints); numbers finite, strings plain text."""
 
 
 def json_type(tp: Any) -> Any:

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from backend.auth import token_matches
+from backend.auth import client_host
 
 # Kept equal to the /steps route's Query(...) bounds (backend/routes/data.py).
 SINCE_MAX = 2**53
@@ -49,7 +49,10 @@ class LiveReadFastLane:
         path = scope["path"]
         if path == prefix and not scope["query_string"]:
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            anonymous = not token_matches(header, scope["app"].state.token)
+            guard, client = scope["app"].state.guard, client_host(scope)
+            if guard.throttled(header, client):
+                return None  # the route answers 429
+            anonymous = not guard.verify(header, client)
             return manager.live_run_json(active.run_id, anonymous=anonymous)
         if path == prefix + "/steps":
             query = _steps_query(scope["query_string"])

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
 from asteria_core.policy import AUTO, PolicyField, policy_fields
-from backend.config_schema import run_config_model
+from backend.config_schema import Text, run_config_model
 
 RunStatus = Literal["running", "paused", "finished", "stopped", "failed", "interrupted"]
 CROSS_FIELD_RULES = ("swap_delay <= staleness_bound unless swap_delay is \"auto\"; "
@@ -26,7 +26,8 @@ other (swap_delay <= staleness_bound) compares two values, which it cannot."""
 
 
 def _policy_type(field: PolicyField) -> Any:
-    """The strict pydantic type of one policy field: no true for 1, no "5" for 5."""
+    """The strict pydantic type of one policy field: no true for 1, no "5" for 5, no NUL in a
+    string."""
     integer = Annotated[StrictInt, Field(ge=field.minimum, le=field.maximum)]
     match field.kind:
         case "int":
@@ -38,7 +39,7 @@ def _policy_type(field: PolicyField) -> Any:
         case "bool":
             return StrictBool
         case "str":
-            return Annotated[StrictStr, Field(max_length=field.max_length)]
+            return Annotated[Text, Field(max_length=field.max_length)]
     raise ValueError(f"{field.name}: unknown policy field kind {field.kind!r}")
 
 

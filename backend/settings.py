@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     """Step records are written to SQLite in batches at most this far apart."""
     live_steps_window: int = Field(default=10_000, ge=1, le=1_000_000)
     """The active run's newest step records kept in memory for polling clients."""
+    auth_failures_burst: int = Field(default=20, ge=1, le=10_000)
+    """Wrong bearer tokens a client (IP address) may send within auth_failures_window_seconds;
+    beyond them, every request of that client carrying a token gets 429 with Retry-After."""
+    auth_failures_window_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    """The sliding window over which a client's wrong tokens are counted."""
+    dashboard_url: str | None = None
+    """The dashboard's address, linked from the landing page at / when set."""
 
     @property
     def resolved_db_path(self) -> Path:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from backend.deps import Manager
+from backend.deps import Manager, RunIdPath
 from backend.fastlane import LIMIT_DEFAULT, LIMIT_MAX, SINCE_MAX
 from backend.schemas import Health, StepPage
 
@@ -18,7 +18,7 @@ router = APIRouter(tags=["data"])
 KEEPALIVE_SECONDS = 15.0
 
 
-async def existing_run(run_id: str, manager: Manager) -> str:
+async def existing_run(run_id: RunIdPath, manager: Manager) -> str:
     """404 (RunNotFound) before any response starts; the active run needs no store read."""
     if manager.live_run_json(run_id) is None:
         await run_in_threadpool(manager.get, run_id)

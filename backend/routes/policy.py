@@ -7,14 +7,14 @@ import dataclasses
 from fastapi import APIRouter, HTTPException, status
 
 from backend import paths, public
-from backend.deps import Client, Manager, Reader, SettingsDep
+from backend.deps import Client, Manager, Reader, RunIdPath, SettingsDep
 from backend.schemas import PolicyAccepted, PolicyChangePublic, PolicyPublic, PolicyUpdate
 
 router = APIRouter(prefix="/runs/{run_id}/policy", tags=["policy"])
 
 
 @router.get("", responses={404: {"description": "no such run"}})
-def get_policy(run_id: str, manager: Manager, reader: Reader) -> PolicyPublic:
+def get_policy(run_id: RunIdPath, manager: Manager, reader: Reader) -> PolicyPublic:
     policy, version, pending = manager.policy(run_id)
     changes = [dataclasses.asdict(c) for c in pending]
     if not reader:  # paths and who asked are for token holders (public.py)
@@ -25,7 +25,7 @@ def get_policy(run_id: str, manager: Manager, reader: Reader) -> PolicyPublic:
 @router.patch("", responses={404: {"description": "no such run"},
                              409: {"description": "the run is not active"},
                              401: {"description": "missing or wrong token"}})
-def patch_policy(run_id: str, body: PolicyUpdate, manager: Manager,
+def patch_policy(run_id: RunIdPath, body: PolicyUpdate, manager: Manager,
                  client: Client, settings: SettingsDep) -> PolicyAccepted:
     changes = body.model_dump(exclude_unset=True)
     if not changes:
@@ -40,7 +40,7 @@ def patch_policy(run_id: str, body: PolicyUpdate, manager: Manager,
 
 
 @router.get("/history", responses={404: {"description": "no such run"}})
-def policy_history(run_id: str, manager: Manager, reader: Reader) -> list[PolicyChangePublic]:
+def policy_history(run_id: RunIdPath, manager: Manager, reader: Reader) -> list[PolicyChangePublic]:
     """Every change, including one acknowledged but not yet in force (applied_at null); the
     client that asked is shown to token holders only."""
     manager.get(run_id)

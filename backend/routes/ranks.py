@@ -6,7 +6,7 @@ import threading
 
 from fastapi import APIRouter, Request
 
-from backend.deps import Manager, Reader
+from backend.deps import Manager, Reader, RunIdPath
 from backend.ranks import TARGETS_DIR, RankScraper, RanksPublic, anonymous
 
 router = APIRouter(tags=["runs"])
@@ -25,7 +25,7 @@ def scraper(request: Request) -> RankScraper:
 
 
 @router.get("/runs/{run_id}/ranks", responses={404: {"description": "no such run"}})
-def get_ranks(run_id: str, request: Request, manager: Manager, reader: Reader) -> RanksPublic:
+def get_ranks(run_id: RunIdPath, request: Request, manager: Manager, reader: Reader) -> RanksPublic:
     """One entry per rank of the active data-parallel run, read now: rank 0's figures from its
     telemetry, every other rank's from its /metrics (the address in its file_sd target file
     under the data dir's `targets/`). A rank that does not answer is listed as unreachable,

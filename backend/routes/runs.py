@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from asteria_core.train.config_io import config_from_dict
 from backend import paths, public
-from backend.deps import Client, Manager, Reader, SettingsDep
+from backend.deps import Client, Manager, Reader, RunIdPath, SettingsDep
 from backend.schemas import CommandAccepted, RunCreate, RunPublic
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -44,7 +44,7 @@ def list_runs(manager: Manager, reader: Reader) -> list[RunPublic]:
 
 @router.get("/{run_id}", response_model=RunPublic,
             responses={404: {"description": "no such run"}})
-async def get_run(run_id: str, manager: Manager, reader: Reader) -> Response:
+async def get_run(run_id: RunIdPath, manager: Manager, reader: Reader) -> Response:
     """The active run from memory (polled often), any other from the store."""
     body = manager.live_run_json(run_id, anonymous=not reader)
     if body is not None:
@@ -54,7 +54,7 @@ async def get_run(run_id: str, manager: Manager, reader: Reader) -> Response:
 
 
 def _command_route(command: str) -> None:
-    def run_command(run_id: str, manager: Manager, _client: Client) -> CommandAccepted:
+    def run_command(run_id: RunIdPath, manager: Manager, _client: Client) -> CommandAccepted:
         run = RunPublic.model_validate(manager.command(run_id, command))
         return CommandAccepted(run=run, command=command, detail=COMMAND_DETAIL[command])
 
