@@ -67,7 +67,11 @@ def sign_in_box() -> None:
         if st.form_submit_button("Sign in", key="sign_in_submit"):
             if state.sign_in(typed):
                 st.rerun()
-            st.error("That is not the sign-in token.", icon=":material/key_off:")
+            if wait := state.sign_in_wait():  # the same answer whatever was typed
+                st.error(f"Too many wrong tokens: try again in {wait} s.",
+                         icon=":material/timer:")
+            else:
+                st.error("That is not the sign-in token.", icon=":material/key_off:")
 
 
 def sidebar() -> ApiError | None:

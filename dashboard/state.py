@@ -14,8 +14,11 @@ into bounded per-session buffers.
 from __future__ import annotations
 
 import hmac
+import math
 import os
-from collections import OrderedDict
+import threading
+import time
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -39,29 +42,34 @@ def env_url() -> str:
 
 
 def env_token() -> tuple[str, str]:
-    """(token, where it came from); ("", "") when none is configured."""
+    """(token, where it came from, said without a path: the hint is shown to anyone who opens
+    the page); ("", "") when none is configured."""
     token = os.environ.get("ASTERIA_TOKEN", "").strip()
     if token:
         return token, "ASTERIA_TOKEN"
-    path = os.environ.get("ASTERIA_TOKEN_FILE", "").strip() or str(
-        Path(os.environ.get("ASTERIA_DATA_DIR", "").strip() or "asteria-data") / "token")
+    named = os.environ.get("ASTERIA_TOKEN_FILE", "").strip()
+    path = Path(named or Path(os.environ.get("ASTERIA_DATA_DIR", "").strip() or "asteria-data")
+                / "token")
     try:
-        return Path(path).read_text().strip(), path
+        token = path.read_text().strip()
     except OSError:
         return "", ""
+    return token, (f"the file `{path.name}` that ASTERIA_TOKEN_FILE names" if named else
+                   f"the token file `{path.name}` in the server's data folder")
 
 
 def env_sign_in_token() -> tuple[str, str]:
-    """(the secret a browser session signs in with, where it came from)."""
+    """(the secret a browser session signs in with, where it came from, without a path)."""
     token = os.environ.get("ASTERIA_DASHBOARD_TOKEN", "").strip()
     if token:
         return token, "ASTERIA_DASHBOARD_TOKEN"
     path = os.environ.get("ASTERIA_DASHBOARD_TOKEN_FILE", "").strip()
     if path:
         try:
-            return Path(path).read_text().strip(), path
+            token = Path(path).read_text().strip()
         except OSError:
             return "", ""
+        return token, f"the file `{Path(path).name}` that ASTERIA_DASHBOARD_TOKEN_FILE names"
     token, where = env_token()
     return token, f"the API token ({where})" if token else ""
 
@@ -74,10 +82,48 @@ def signed_in() -> bool:
     return bool(st.session_state.get(SIGNED_IN))
 
 
+SIGN_IN_BURST = 5
+"""Wrong sign-in tokens a session may type within SIGN_IN_WINDOW_SECONDS; then it waits."""
+SIGN_IN_BURST_ALL = 30
+"""The same for all sessions together (a new session costs a script nothing)."""
+SIGN_IN_WINDOW_SECONDS = 60.0
+FAILED_SIGN_INS = "_asteria_sign_in_failures"
+"""Session-state key: when this session typed a wrong token (set by `sign_in` only)."""
+_all_failures: deque[float] = deque()
+_all_lock = threading.Lock()
+
+
+def _recent(times: deque[float], now: float) -> deque[float]:
+    while times and times[0] <= now - SIGN_IN_WINDOW_SECONDS:
+        times.popleft()
+    return times
+
+
+def sign_in_wait() -> int:
+    """Seconds until this session may try a token again; 0: now."""
+    now = time.monotonic()
+    mine = _recent(st.session_state.setdefault(FAILED_SIGN_INS, deque()), now)
+    with _all_lock:
+        everyone = _recent(_all_failures, now)
+        waits = [times[0] + SIGN_IN_WINDOW_SECONDS - now
+                 for times, burst in ((mine, SIGN_IN_BURST), (everyone, SIGN_IN_BURST_ALL))
+                 if len(times) >= burst]
+    return max(1, math.ceil(max(waits))) if waits else 0
+
+
 def sign_in(typed: str) -> bool:
+    """Sign this session in if `typed` is the sign-in token. A session over its burst of wrong
+    tokens is refused without a comparison, so a guess made then tells nothing."""
+    if sign_in_wait():
+        return False
     secret, _ = env_sign_in_token()
     ok = bool(secret) and hmac.compare_digest(typed.strip().encode(), secret.encode())
     st.session_state[SIGNED_IN] = ok
+    if not ok:
+        now = time.monotonic()
+        st.session_state[FAILED_SIGN_INS].append(now)
+        with _all_lock:
+            _all_failures.append(now)
     return ok
 
 

@@ -5,15 +5,20 @@ Chromium recording everything it receives: every HTTP response body and every we
 The operator watches without signing in, is refused a change, signs in (typing the sign-in
 token, by default the API token itself) and changes the policy; the change reaches the control
 plane with the token the dashboard holds, and the token is in nothing the browser received.
+
+Under AppTest (issue 26, item 4): the sign-in hint names the token file without its path, and
+wrong sign-in tokens are throttled per session (the right one is then refused too, uncompared).
 """
 
 from __future__ import annotations
 
 import httpx
 import pytest
+from streamlit.testing.v1 import AppTest
 
+from dashboard import state
 from tests.backend.conftest import TOKEN, free_port
-from tests.dashboard.stack import Dashboard, sign_in, tiny_run, wait_until
+from tests.dashboard.stack import APP, Dashboard, sign_in, tiny_run, wait_until
 from tests.dashboard.test_browser import browser  # noqa: F401 (the shared Chromium fixture)
 
 SIGN_IN = "dashboard-sign-in-789"
@@ -95,3 +100,63 @@ def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_
         assert received.holding(TOKEN) == []
         assert TOKEN not in page.content()
         page.close()
+
+
+# ---------------------------------------------------------------------- AppTest: the sign-in
+@pytest.fixture
+def no_failed_sign_ins():
+    state._all_failures.clear()  # the count over all sessions lives in the process
+    yield
+    state._all_failures.clear()
+
+
+def sidebar_text(at: AppTest) -> str:
+    return "\n".join(str(e.value) for kind in ("caption", "error", "markdown")
+                     for e in at.sidebar.get(kind))
+
+
+def try_sign_in(at: AppTest, typed: str) -> AppTest:
+    at.text_input(key="sign_in_token").input(typed)
+    return at.button(key="sign_in_submit").click().run()
+
+
+def test_the_sign_in_hint_names_the_token_file_without_its_path(api, monkeypatch, tmp_path):
+    data = tmp_path / "operators-private-folder"
+    data.mkdir()
+    (data / "token").write_text(TOKEN + "\n")
+    monkeypatch.delenv("ASTERIA_TOKEN", raising=False)
+    monkeypatch.delenv("ASTERIA_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("ASTERIA_DASHBOARD_TOKEN", raising=False)
+    monkeypatch.delenv("ASTERIA_DASHBOARD_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("ASTERIA_URL", api.url)
+    monkeypatch.setenv("ASTERIA_DATA_DIR", str(data))
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    text = sidebar_text(at)
+    assert "the token file `token` in the server's data folder" in text
+    assert str(tmp_path) not in text and "operators-private-folder" not in text
+
+    monkeypatch.setenv("ASTERIA_DASHBOARD_TOKEN_FILE", str(data / "sign-in"))
+    (data / "sign-in").write_text("another-secret\n")
+    text = sidebar_text(AppTest.from_file(str(APP), default_timeout=60).run())
+    assert "the file `sign-in` that ASTERIA_DASHBOARD_TOKEN_FILE names" in text
+    assert "operators-private-folder" not in text
+
+
+def test_wrong_sign_in_tokens_are_throttled_per_session(api, monkeypatch, no_failed_sign_ins):
+    monkeypatch.setenv("ASTERIA_URL", api.url)
+    monkeypatch.setenv("ASTERIA_TOKEN", TOKEN)
+    monkeypatch.delenv("ASTERIA_DASHBOARD_TOKEN", raising=False)
+    monkeypatch.delenv("ASTERIA_DASHBOARD_TOKEN_FILE", raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    for n in range(state.SIGN_IN_BURST - 1):
+        assert "That is not the sign-in token." in sidebar_text(try_sign_in(at, f"guess-{n}"))
+    assert "Too many wrong tokens: try again in" in sidebar_text(try_sign_in(at, "guess-last"))
+    # Now even the right token is refused, with the same words, and nothing is signed in.
+    assert "Too many wrong tokens: try again in" in sidebar_text(try_sign_in(at, TOKEN))
+    assert not at.session_state[state.SIGNED_IN]
+    assert at.text_input(key="sign_in_token") is not None
+    # Another session has its own count: the right token signs it in.
+    other = AppTest.from_file(str(APP), default_timeout=60).run()
+    other = try_sign_in(other, TOKEN)
+    assert other.session_state[state.SIGNED_IN]
+    assert "Signed in" in sidebar_text(other)
