@@ -165,8 +165,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     def store_failed(_: Request, err: StoreError) -> JSONResponse:
-        # Logged by the store's writer, which goes on serving; this request alone fails.
-        return ErrorResponse({"detail": str(err)}, status.HTTP_500_INTERNAL_SERVER_ERROR)
+        # Logged by the store's writer, which goes on serving; this request alone fails. The
+        # cause is the server's (a full disk, most often), so the same request may pass later.
+        return ErrorResponse({"detail": str(err)}, status.HTTP_503_SERVICE_UNAVAILABLE,
+                             headers={"Retry-After": "5"})
 
     @app.exception_handler(ConfigError)
     def bad_config(_: Request, err: ConfigError) -> JSONResponse:

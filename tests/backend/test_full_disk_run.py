@@ -47,7 +47,8 @@ def test_a_run_that_dies_on_a_full_disk_is_not_left_running(server_factory, tmp_
         checkpoint = run["checkpoint_step"]
         # with the disk still full, a resume is refused whole: nothing is launched
         refused = client.post(f"/runs/{run_id}/resume")
-        assert refused.status_code >= 400 and "could not write" in refused.text, refused.text
+        assert refused.status_code == 503 and "could not write" in refused.text, refused.text
+        assert refused.headers["Retry-After"].isdigit()
         assert client.get("/healthz").json()["active_run"] is None
 
         (fs / "filler").unlink()  # room again: the store writes what it could not
