@@ -7,7 +7,7 @@ import importlib
 from types import ModuleType
 
 SUITES = ("optimizers", "critical-path", "staleness", "runtime", "tiers", "serving",
-          "distributed")
+          "distributed", "scale")
 
 
 def load(name: str) -> ModuleType:
