@@ -29,7 +29,11 @@ the same d it equals the optimizer's own delayed mode bit for bit.
 Faults: a refresh that raises or returns non-finite values keeps the previous basis and is
 counted; `failure_limit` consecutive failures of one block stop the run with `RefreshFailed`.
 A refresh still not done `refresh_timeout_ms` after the bound forced a wait is abandoned
-(a process worker is killed) and computed inline, counted as an inline fallback.
+(a process worker is killed) and computed inline, counted as an inline fallback. A refresh a
+worker is already running counts as hung only after HANG_FACTOR times the longer of that timeout
+and its expected time (the slowest seconds per b^3 seen so far, times its b^3), from its start:
+an 8192-wide block's refresh takes a minute or more on one core, and abandoning it would only
+compute it again on the training thread while the worker thread runs on.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ from asteria_core.telemetry.records import RefreshFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
 
 log = logging.getLogger(__name__)
+HANG_FACTOR = 4
+"""A running refresh is hung after this many times its allowance (see the module docstring)."""
 
 
 class RefreshFailed(RuntimeError):
@@ -155,6 +161,9 @@ class RefreshEngine:
         self._consecutive: dict[BlockKey, int] = dict.fromkeys(self.blocks, 0)
         self._refresh_seconds: dict[BlockKey, float] = {}
         self._round_seconds = 0.0
+        self._slowest_rate = 0.0
+        """Most seconds per unit of cost (b^3) a finished refresh took: a block's expected
+        refresh time is this times its cost."""
         """Sum of `_refresh_seconds`: one round's work, kept as it changes (not summed over
         every block at every boundary)."""
         self._pool = None
@@ -327,6 +336,7 @@ class RefreshEngine:
         """The last refresh of `key` took `seconds` (its share of a round's work)."""
         self._round_seconds += seconds - self._refresh_seconds.get(key, 0.0)
         self._refresh_seconds[key] = seconds
+        self._slowest_rate = max(self._slowest_rate, seconds / self.blocks[key].cost)
 
     def _swap_due(self, t: int, policy: Policy) -> None:
         for queue_ in self.outstanding.values():
@@ -357,10 +367,10 @@ class RefreshEngine:
         if not job.done.is_set():
             t0 = time.perf_counter()
             with self.reporter.wait("refresh_wait"):
-                finished = job.done.wait(policy.refresh_timeout_ms / 1e3)
+                finished = self._await(job, item.key, policy)
                 if not finished:
                     log.warning("refresh of %s not done %.1f s after the bound; computing it "
-                                "inline", item.key, policy.refresh_timeout_ms / 1e3)
+                                "inline", item.key, time.perf_counter() - t0)
                     self._abandon(job)
                     self.inline_fallbacks += 1
                     self.reporter.inline_fallback()
@@ -370,6 +380,23 @@ class RefreshEngine:
                 return
         item.result, item.error = job.result, job.error
         self._took(item.key, job.seconds)
+
+    def _await(self, job: Job, key: BlockKey, policy: Policy) -> bool:
+        """Wait for `job` at the bound: `refresh_timeout_ms`, or, once a worker runs it, until
+        HANG_FACTOR times the longer of that and its expected time after its start. False:
+        it looks hung."""
+        timeout = policy.refresh_timeout_ms / 1e3
+        deadline = time.perf_counter() + timeout
+        while not job.done.wait(max(0.0, deadline - time.perf_counter())):
+            started = job.started_at
+            if started is None:
+                return False  # the workers never took it up: compute it here
+            expected = self._slowest_rate * self.blocks[key].cost
+            running = started + HANG_FACTOR * max(timeout, expected)
+            if running <= deadline:
+                return False
+            deadline = running
+        return True
 
     def _receive(self, item: Outstanding, policy: Policy) -> None:
         """Another rank's result, waited for (sync_wait) if it has not arrived by its swap."""

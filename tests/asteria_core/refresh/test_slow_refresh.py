@@ -12,13 +12,16 @@ refresh is swapped at s + d, so a block has at most ceil(d / interval) refreshes
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 from torch import nn
 
 from asteria_core.optim import SOAP
-from asteria_core.policy import Policy
+from asteria_core.optim.seam import BlockKey, refresh_fn
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.refresh import RefreshEngine
 from asteria_core.runtime import Runtime
 from asteria_core.telemetry.reporter import NullReporter
 from tests.asteria_core.refresh.faults import SlowRefresh
@@ -91,3 +94,38 @@ def test_coalesced_refreshes_are_fewer_and_the_run_still_learns(tmp_path):
     due = STEPS * len(opt.refresh_blocks())
     assert 0 < refreshed < due // 2
     assert all(opt.basis_version(b.key) > 1 for b in opt.refresh_blocks())
+
+
+class CostlyRefresh:
+    """The real refresh after a sleep that grows as b^3, as a decomposition's time does."""
+
+    def __init__(self, seconds_at: int, seconds: float) -> None:
+        self.per_cost = seconds / seconds_at**3
+
+    def __call__(self, snapshot, config):
+        time.sleep(self.per_cost * snapshot.factor.shape[0] ** 3)
+        return refresh_fn(snapshot, config)
+
+
+def test_a_refresh_running_longer_than_the_timeout_is_waited_for_not_computed_again():
+    """refresh_timeout_ms is for hung workers. A wide block's refresh takes longer than that
+    (an 8192-wide one, over a minute on a core here): while a worker runs it, the step waits for
+    it at the bound rather than abandoning it and computing it again on the training thread."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 16, bias=False)  # blocks of 16 (1.2 s a refresh) and 8 (0.15 s)
+    opt = SOAP(model.parameters(), lr=1e-2)
+    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=2, staleness_bound=2,
+                                                  workers=1, refresh_timeout_ms=500)),
+                           fn=CostlyRefresh(16, 1.2))
+    try:
+        for _ in range(7):
+            loss = model(torch.randn(4, 8)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            engine.on_boundary(opt.num_steps)
+    finally:
+        engine.close()
+    assert engine.waited_seconds > 1.0  # the bound made the steps wait, past the timeout
+    assert engine.inline_fallbacks == 0 and engine.failures == 0
+    assert opt.basis_version(BlockKey(0, 0, 0)) >= 3
