@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 
 RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
@@ -178,15 +180,45 @@ def _renice(tid: int, nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
-def _private(snapshot: FactorSnapshot) -> FactorSnapshot:
-    """A copy of a (possibly lent) snapshot to send to a process: pickling moves a tensor's
-    storage into shared memory in place, which the optimizer's live tensors must not undergo.
-    Runs on the dispatcher thread, off the training thread."""
-    if not isinstance(snapshot, FactorSnapshot):
-        return snapshot  # not the optimizer's (a test's own job): nothing to protect
-    return dataclasses.replace(
-        snapshot, factor=snapshot.factor.clone(),
-        basis=None if snapshot.basis is None else snapshot.basis.clone())
+class SharedBuffers:
+    """Shared-memory tensors that carry snapshots to worker processes, reused job after job.
+
+    A (possibly lent) snapshot must not be pickled as it is: pickling moves a tensor's storage
+    into shared memory in place, which the optimizer's live tensors must not undergo. So it is
+    copied once, on the dispatcher thread, into a buffer that is already shared: pickling it
+    then sends a file descriptor and copies nothing, and no shared-memory segment is created or
+    torn down per job (before: a clone, then a second copy into a new segment, per tensor per
+    job). A buffer goes back to the pool when its worker is done with it: its result arrived,
+    or its process died or was killed."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def copy(self, snapshot: FactorSnapshot) -> tuple[FactorSnapshot, list[torch.Tensor]]:
+        """The snapshot with its tensors in shared buffers, and the buffers it holds."""
+        if not isinstance(snapshot, FactorSnapshot):
+            return snapshot, []  # not the optimizer's (a test's own job): nothing to protect
+        held: list[torch.Tensor] = []
+
+        def shared(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            with self._lock:
+                free = self._free.get((tuple(t.shape), t.dtype))
+                buf = free.pop() if free else None
+            if buf is None:
+                buf = torch.empty(t.shape, dtype=t.dtype).share_memory_()
+            held.append(buf)
+            return buf.copy_(t)
+
+        return dataclasses.replace(snapshot, factor=shared(snapshot.factor),
+                                   basis=shared(snapshot.basis)), held
+
+    def give_back(self, buffers: list[torch.Tensor]) -> None:
+        with self._lock:
+            for buf in buffers:
+                self._free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
 
 
 def _exit_with_parent() -> None:
@@ -266,6 +298,8 @@ class ProcessWorkers:
         self._ids = itertools.count()
         self._jobs: dict[int, tuple[Job, _Process]] = {}
         self._procs: list[_Process] = []
+        self._shared = SharedBuffers()
+        self._holding: dict[int, list[torch.Tensor]] = {}  # job id -> its snapshot's buffers
         self.deaths = 0
         """Worker processes that died without being asked to (each replaced, its job requeued)."""
         self._closing = False
@@ -297,7 +331,7 @@ class ProcessWorkers:
         while (job := self._queue.get()) is not None:
             if job.ready is not None:
                 job.ready.synchronize()  # its host copy, before a process is taken for it
-            snapshot = _private(job.snapshot)
+            snapshot, buffers = self._shared.copy(job.snapshot)
             with self._idle:
                 while not self._stopped() and self._idle_process() is None:
                     self._idle.wait()
@@ -305,10 +339,12 @@ class ProcessWorkers:
                     return
                 proc = self._idle_process()
                 if job.cancelled:
+                    self._shared.give_back(buffers)
                     continue
                 job_id = next(self._ids)
                 proc.job = job
                 self._jobs[job_id] = (job, proc)
+                self._holding[job_id] = buffers
                 job.started_at = time.perf_counter()
                 # Under the lock: a retire() or close() that follows sends its stop after this.
                 proc.inbox.put((job_id, snapshot, job.config))
@@ -342,6 +378,7 @@ class ProcessWorkers:
                 entry = self._jobs.pop(job_id, None)
                 if entry is None:
                     continue  # a job abandoned as hung, or requeued: its process was replaced
+                self._done_with(job_id)
                 job, proc = entry
                 proc.job = None
                 self._idle.notify_all()
@@ -364,11 +401,16 @@ class ProcessWorkers:
                             "; its job is queued again" if job is not None else "")
                 for job_id in [i for i, (_, p) in self._jobs.items() if p is proc]:
                     del self._jobs[job_id]
+                    self._done_with(job_id)  # its process is gone: nothing reads them now
                 self._procs[index] = self._new_process(index)
                 if job is not None and not job.cancelled:
                     job.started_at = None
                     self._queue.put(job)
                 self._idle.notify_all()
+
+    def _done_with(self, job_id: int) -> None:
+        """Job `job_id`'s process no longer reads its snapshot: its buffers can carry another."""
+        self._shared.give_back(self._holding.pop(job_id, []))
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
@@ -382,6 +424,8 @@ class ProcessWorkers:
                     del self._jobs[job_id]
                     proc.proc.kill()
                     proc.proc.join(5)
+                    if not proc.proc.is_alive():
+                        self._done_with(job_id)
                     if not self._stopped():  # a retired pool only winds down
                         index = self._procs.index(proc)
                         self._procs[index] = self._new_process(index)

@@ -126,3 +126,46 @@ def test_a_swap_of_one_chunk_writes_that_chunk_and_copies_nothing_else():
         assert torch.equal(state[name][:16], old[:16]) and torch.equal(state[name][32:], old[32:])
     assert torch.equal(state[EXP_AVG_E][rows], (before[EXP_AVG_E][rows].T @ result.rotation).T)
     assert torch.equal(state[EXP_AVG_SQ][rows], before[EXP_AVG_SQ][rows][result.perm])
+
+
+def test_snapshots_reach_a_worker_process_in_reused_shared_memory(monkeypatch):
+    """A worker process gets each snapshot through shared memory. It used to be cloned (the
+    optimizer's own tensors must not be moved into shared memory), then copied again into a
+    new shared segment as it was pickled, per tensor and per job. Now it is copied once into a
+    shared buffer that comes back when the worker is done with it: new segments stop at the
+    few buffers in flight, however many refreshes run."""
+    moved = []
+    share = torch.UntypedStorage._share_fd_cpu_
+
+    def counting(self, *args, **kwargs):
+        if not self.is_shared():  # this call creates a segment and copies the storage in
+            moved.append(self.nbytes())
+        return share(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "_share_fd_cpu_", counting)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(COLS, ROWS, bias=False), nn.Tanh(),
+                          nn.Linear(ROWS, 4, bias=False))
+    opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=2)
+    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=2, staleness_bound=1,
+                                                  swap_delay=1, workers=1,
+                                                  worker_kind="process")))
+    try:
+        for x, y in _batches(24):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            engine.on_boundary(opt.num_steps)
+        refreshed = engine.refreshes
+    finally:
+        engine.close()
+    shapes = {b.size for b in opt.refresh_blocks()}  # 48, 16 and 4
+    assert refreshed >= 40  # 4 blocks, 12 rounds: every snapshot went to the process
+    assert engine.failures == 0 and engine.inline_fallbacks == 0
+    # At most two jobs' buffers (factor and basis) of each shape: the one a process runs and
+    # the one the dispatcher prepares meanwhile. Before: two new segments per refresh.
+    assert len(moved) <= 2 * 2 * len(shapes) < 2 * refreshed
+    assert not any(p.untyped_storage().is_shared() for p in model.parameters())
+    for state in opt.state.values():  # nor a factor the optimizer lent
+        assert not any(f.untyped_storage().is_shared() for f in state["factors"][0])
