@@ -152,6 +152,7 @@ class RefreshEngine:
         optimizer.external_refresh = True
         self.blocks = {b.key: b for b in optimizer.refresh_blocks()}
         self.outstanding: dict[BlockKey, deque[Outstanding]] = {k: deque() for k in self.blocks}
+        self._position = {key: i for i, key in enumerate(self.blocks)}  # fifo's order
         self.failures = 0
         self.inline_fallbacks = 0
         self.refreshes = 0
@@ -242,7 +243,7 @@ class RefreshEngine:
             self._coalesce(item)
         # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
         tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
-            len(self.blocks) and list(self.blocks).index(key)
+            self._position[key]
         job = Job(snapshot, self.opt.refresh_config(key), priority=(item.since, tie),
                   ready=ready)
         if self._pool is None:

@@ -271,27 +271,35 @@ _MADV_PAGEOUT = 21  # reclaim the pages, never losing a change (Linux 5.4)
 
 class _Mappings:
     """The address ranges of live `DiskTier.map` mappings, so the checkpoint writer can tell
-    which bytes it wrote came from a tier file."""
+    which bytes it wrote came from a tier file. A mapping's finalizer only notes it gone (a list
+    append, no lock: it may run inside any allocation, even one under this lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._starts: list[int] = []
         self._ends: dict[int, int] = {}
+        self._gone: list[int] = []
 
     def add(self, start: int, length: int) -> None:
         with self._lock:
+            self._forget_gone()
             bisect.insort(self._starts, start)
             self._ends[start] = start + length
 
-    def remove(self, start: int) -> None:
-        with self._lock:
-            self._starts.pop(bisect.bisect_left(self._starts, start))
-            del self._ends[start]
+    def gone(self, start: int) -> None:
+        self._gone.append(start)
 
     def holds(self, address: int, nbytes: int) -> bool:
         with self._lock:
+            self._forget_gone()
             i = bisect.bisect_right(self._starts, address) - 1
             return i >= 0 and address + nbytes <= self._ends[self._starts[i]]
+
+    def _forget_gone(self) -> None:
+        while self._gone:
+            start = self._gone.pop()
+            if self._ends.pop(start, None) is not None:
+                self._starts.pop(bisect.bisect_left(self._starts, start))
 
 
 _MAPPINGS = _Mappings()
@@ -311,7 +319,7 @@ def _map_file(fd: int, length: int) -> ctypes.Array:
 
 
 def _unmap(addr: int, length: int) -> None:
-    _MAPPINGS.remove(addr)
+    _MAPPINGS.gone(addr)  # first: a later `holds` no longer finds it
     _LIBC.munmap(addr, length)
 
 
