@@ -124,10 +124,12 @@ class Child:
 
 class Progress:
     """The active run's progress line, from the control plane's step records (anonymous GETs,
-    what the dashboard reads); a new bar for each run, none while no run is active."""
+    what the dashboard reads); a new bar for each run, none while no run is active. A bar is
+    drawn at its run's first new step, so the lines the run logs as it starts (the control
+    plane's own, on the same terminal) stand above it instead of inside it."""
 
     def __init__(self, api: str) -> None:
-        self.api, self.run, self.since, self.bar = api, None, 0, None
+        self.api, self.run, self.since, self.total, self.bar = api, None, 0, 0, None
 
     def poll(self) -> None:
         try:
@@ -138,8 +140,7 @@ class Progress:
                 self.close()
                 if run is not None:
                     info = httpx.get(f"{self.api}/runs/{run}", timeout=2.0).json()
-                    self.bar = progress_bar(info["step"], info["total_steps"])
-                    self.run, self.since = run, info["step"]
+                    self.run, self.since, self.total = run, info["step"], info["total_steps"]
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass  # tried again at the next poll; a child that died is noticed by the caller
 
@@ -147,6 +148,8 @@ class Progress:
         page = httpx.get(f"{self.api}/runs/{self.run}/steps", params={"since": self.since},
                          timeout=2.0).json()
         if page["steps"]:
+            if self.bar is None:
+                self.bar = progress_bar(self.since, self.total)
             last = page["steps"][-1]
             self.bar.update(page["next_since"] - self.since)
             self.bar.set_postfix(progress_figures(last["loss"], last["tokens"],

@@ -109,6 +109,10 @@ def test_ctrl_c_says_how_to_continue_and_start_resume_continues_from_the_checkpo
                                               params={"since": at}).json())["steps"] and p,
                       180, 0.2, "steps after the checkpoint")
     assert page["steps"][0]["step"] == at + 1  # the checkpoint's step, not step 0
+    # The resumed run logs as it starts (energy sources) after the launcher's URLs: above the
+    # progress line, which is drawn at the run's first new step, never inside it.
+    logged = [line for line in again.lines if "INFO " in line]  # text mode: \r ends a line
+    assert all(line.startswith("INFO ") for line in logged), logged
     assert [run["id"] for run in httpx.get(f"{api}/runs").json()] == [run_id]  # no new run
     assert again.interrupt() == 0, again.output
     assert f"asteria: run {run_id} keeps its checkpoint; {HINT}" in again.output
