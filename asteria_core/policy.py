@@ -158,7 +158,9 @@ class Policy:
         "fill its idle gaps instead of competing with it.")
     refresh_timeout_ms: int = _int(
         30_000, 1, 86_400_000, "Refresh timeout (ms)",
-        "How long a step waits at the bound for a late refresh before computing it inline.")
+        "How long a step waits at the bound for a late refresh before computing it inline. A "
+        "refresh a worker is already running gets 4 x max(this, its expected time from the "
+        "refresh rate seen so far), so a wide factor still computing is not taken for hung.")
     priority: str = _choice(
         "stale_then_cost", PRIORITIES, "Refresh queue order",
         "stale_then_cost (most stale, then most expensive) | fifo.")
