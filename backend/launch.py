@@ -236,7 +236,8 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
             "--no-banner"]  # its address is printed below, with ours
     if resume is not None:
         argv.append("--no-default-run")  # the run to resume is started below, through the API
-    serve = Child("control plane", argv, env, cwd)
+    serve_env = {"ASTERIA_DASHBOARD_URL": ui, **env}  # linked from its landing page at /
+    serve = Child("control plane", argv, serve_env, cwd)
     children.append(serve)
     if not _wait_ready(serve, f"{api}/healthz", lambda r: r.status_code == 200, stop):
         return _failed(serve, stop)

@@ -91,6 +91,8 @@ def test_ctrl_c_says_how_to_continue_and_start_resume_continues_from_the_checkpo
     first.ready()
     run_id = httpx.get(f"{api}/healthz").json()["active_run"]
     assert run_id, first.output
+    ui = f"http://127.0.0.1:{env['ASTERIA_DASHBOARD_PORT']}"
+    assert f'href="{ui}"' in httpx.get(f"{api}/").text  # the first URL printed links the rest
     wait_until(lambda: httpx.get(f"{api}/runs/{run_id}").json()["step"] >= 5, 180, 0.2,
                "the run to train a few steps")
     assert first.interrupt() == 0, first.output
