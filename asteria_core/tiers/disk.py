@@ -371,3 +371,49 @@ def check_writable(folder: Path, need_bytes: int, spare_bytes: int = 0) -> str |
         return (f"{folder} has {avail} bytes free; the disk tier needs {need_bytes + spare_bytes}"
                 f" ({need_bytes} of state and a spare {spare_bytes} for rewriting a file)")
     return None
+
+
+class _Loaded:
+    """The address range of the checkpoint `train.checkpoint.load` mapped last (torch.load with
+    mmap=True: one private file mapping whose tensors are views of it). Resuming copies each of
+    those tensors out into its own tier, then pushes its pages out of this process again
+    (`copy_out`), so the load holds about one tensor of the file in memory, and no state stays a
+    view of a file the next save replaces."""
+
+    def __init__(self) -> None:
+        self.start = self.end = 0
+
+    def note(self, tensors) -> None:
+        spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                 for t in tensors if t.device.type == "cpu" and t.untyped_storage().nbytes()]
+        self.start = min((a for a, _ in spans), default=0)
+        self.end = max((a + n for a, n in spans), default=0)
+
+    def views(self, t: torch.Tensor) -> bool:
+        if t.device.type != "cpu":
+            return False
+        address = t.untyped_storage().data_ptr()
+        return self.start <= address < self.end
+
+
+LOADED = _Loaded()
+
+
+def copy_out(t: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`t` on `device` in memory of its own. A view of the loaded checkpoint is copied and its
+    pages leave this process (MADV_PAGEOUT: a clean file page is dropped, and should the range
+    ever be ordinary memory, it keeps its bytes)."""
+    out = t.to(device)
+    if LOADED.views(t):
+        if out is t:
+            out = t.clone()
+        storage = t.untyped_storage()
+        _advise(storage.data_ptr(), storage.nbytes(), _MADV_PAGEOUT)
+    return out
+
+
+def release_loaded(t: torch.Tensor) -> None:
+    """Once `t`, a view of the loaded checkpoint, was copied from: its pages out of memory."""
+    if LOADED.views(t):
+        storage = t.untyped_storage()
+        _advise(storage.data_ptr(), storage.nbytes(), _MADV_PAGEOUT)

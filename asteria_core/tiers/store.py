@@ -33,7 +33,14 @@ from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy, PolicyError
 from asteria_core.telemetry.records import TierFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
-from asteria_core.tiers.disk import DiskTier, TierFileError, aligned_buffer, check_writable
+from asteria_core.tiers.disk import (
+    DiskTier,
+    TierFileError,
+    aligned_buffer,
+    check_writable,
+    copy_out,
+    release_loaded,
+)
 from asteria_core.tiers.lifecycle import (
     READ,
     WRITTEN,
@@ -423,16 +430,18 @@ class TierStore:
             t = tensors[e.path]
             match e.tier:
                 case "device":
-                    set_leaf(state, e.path, t.to(self.device))
+                    set_leaf(state, e.path, copy_out(t, self.device))
                 case "host" if self.device.type == "cpu":
-                    set_leaf(state, e.path, t)
+                    set_leaf(state, e.path, copy_out(t))
                 case "host":
                     home = self._homes[e.param, e.path] = t.to("cpu").pin_memory()
+                    release_loaded(t)
                     set_leaf(state, e.path, home)
                 case "disk":
                     off = offsets[e.path]
                     view = torch.from_numpy(scratch[off:off + e.nbytes]).view(e.dtype)
                     view.view(e.shape).copy_(t)
+                    release_loaded(t)
                     set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
                 case _:
                     raise NotImplementedError(e.tier)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asteria_core.tiers.disk import release_pages
+from asteria_core.tiers.disk import LOADED, release_loaded, release_pages
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -106,10 +106,12 @@ def remove_leftovers(folder: Path) -> None:
 def load(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint without running any code it may hold: weights_only unpickling, which
     takes tensors and plain containers only, and refuses any other object (a crafted file
-    naming os.system, say) before it is built."""
+    naming os.system, say) before it is built. The file is mapped, not read (mmap=True): its
+    tensors are views of it until whoever restores them copies them out one at a time (the
+    tier store's placement, `tiers.disk.copy_out`), so the state is never in memory twice."""
     try:
         with torch.serialization.safe_globals(_numpy_rng_types()):
-            ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
+            ckpt = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if "Weights only load failed" in why:
@@ -118,4 +120,28 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"train.resume: {path} is not an Asteria checkpoint "
                          f"(format_version {FORMAT_VERSION} expected)")
+    LOADED.note(t for t in _tensors(ckpt))
     return ckpt
+
+
+def restore_module(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """module.load_state_dict(state) from a loaded checkpoint, one tensor at a time: each is
+    copied into the module, then its pages of the mapped file leave memory again (loading all
+    at once would hold the whole model's share of the file in memory at the peak)."""
+    expected = set(module.state_dict(keep_vars=True))
+    if set(state) != expected:  # what strict loading would refuse, before copying anything
+        module.load_state_dict(state)
+    for name, t in state.items():
+        module.load_state_dict({name: t}, strict=False)
+        release_loaded(t)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)

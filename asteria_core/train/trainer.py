@@ -228,7 +228,7 @@ class Trainer:
         return path
 
     def _restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        ckpt.restore_module(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(state["data"])
