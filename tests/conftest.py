@@ -48,6 +48,21 @@ def pytest_collection_modifyitems(config, items):
         config._asteria_gpu_deselected = len(gpu)
 
 
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker hands its count to the controller, which prints the summary."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["gpu_deselected"] = getattr(session.config, "_asteria_gpu_deselected", 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller, as a worker ends: every worker collected every test."""
+    count = getattr(node, "workeroutput", {}).get("gpu_deselected", 0)
+    node.config._asteria_gpu_deselected = max(
+        count, getattr(node.config, "_asteria_gpu_deselected", 0))
+
+
 def pytest_terminal_summary(terminalreporter, config):
     count = getattr(config, "_asteria_gpu_deselected", 0)
     if count:

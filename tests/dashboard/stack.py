@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from tests import apt
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "dashboard" / "app.py"
@@ -117,14 +118,11 @@ def chromium() -> tuple[Path | None, str]:
     """(path, "") when Chromium is there or could be installed; (None, reason) otherwise."""
     if CHROMIUM.exists():
         return CHROMIUM, ""
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not apt.can_install():
         return None, f"{CHROMIUM} is missing and cannot be installed (needs root and apt-get)"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium",
-                                         "fonts-liberation"]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            return None, f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}"
+    failed = apt.install("chromium", "fonts-liberation")
+    if failed:
+        return None, failed
     if not CHROMIUM.exists():
         return None, f"apt-get installed chromium but {CHROMIUM} is still missing"
     return CHROMIUM, ""

@@ -26,6 +26,8 @@ import httpx
 import pytest
 import yaml
 
+from tests import apt
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -222,14 +224,10 @@ def _find_prometheus() -> PromBins | None:
 def prom_bins() -> PromBins:
     """prometheus and promtool, installed from Debian's `prometheus` package when missing."""
     found = _find_prometheus()
-    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "update", "-q"],
-                    ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]):
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                print(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-                break
+    if found is None and apt.can_install():
+        failed = apt.install("--no-install-recommends", "prometheus")
+        if failed:
+            print(failed)
         found = _find_prometheus()
     if found is None:
         missing("prometheus/promtool are not installed and `apt-get install prometheus` "
