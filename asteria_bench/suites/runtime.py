@@ -25,6 +25,7 @@ import time
 import torch
 
 import asteria_core as asteria
+from asteria_bench.clocks import SwapClock
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
 from asteria_core.runtime import Runtime, decay_groups
@@ -77,30 +78,15 @@ class Arm:
             self.runtime = TimedRuntime(self.opt, model=model, optimizer_name=name)
             self.records: list[StepRecord] = []
             self.runtime.add_listener(self.records.append)
-            self._time_swaps()
+            self.swaps = SwapClock(self.opt)
         self.step_seconds: list[float] = []
         self.runtime_cpu: list[float] = []
         self.swap_cpu: list[float] = []
-        self.swap_seconds = 0.0
-
-    def _time_swaps(self) -> None:
-        """Count the training thread's CPU inside the optimizer's basis swaps."""
-        apply = getattr(self.opt, "apply_refresh", None)
-        if apply is None:
-            return
-
-        def timed(key, result):
-            t0 = time.thread_time()
-            try:
-                return apply(key, result)
-            finally:
-                self.swap_seconds += time.thread_time() - t0
-        self.opt.apply_refresh = timed
 
     def turn(self, batches: list) -> None:
         for x, y in batches:
             before = self.runtime.cpu_seconds if self.runtime else 0.0
-            swaps_before = self.swap_seconds
+            swaps_before = self.swaps.seconds if self.runtime else 0.0
             t0 = time.perf_counter()
             _, loss = self.model(x, y)
             loss.backward()
@@ -111,7 +97,7 @@ class Arm:
             self.step_seconds.append(time.perf_counter() - t0)
             if self.runtime is not None:
                 self.runtime_cpu.append(self.runtime.cpu_seconds - before)
-                self.swap_cpu.append(self.swap_seconds - swaps_before)
+                self.swap_cpu.append(self.swaps.seconds - swaps_before)
 
     def summary(self, skip: int) -> dict:
         steps = self.step_seconds[skip:]

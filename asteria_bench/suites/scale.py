@@ -30,7 +30,6 @@ import contextlib
 import math
 import shutil
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from asteria_bench import turns
+from asteria_bench.clocks import SwapClock
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
@@ -100,24 +100,6 @@ def peak_rss_bytes() -> int | None:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return None
-
-
-class SwapClock:
-    """The training thread's CPU inside the optimizer's basis swaps."""
-
-    def __init__(self, optimizer) -> None:
-        self.seconds = 0.0
-        apply = getattr(optimizer, "apply_refresh", None)
-        if apply is None:
-            return
-
-        def timed(key, result):
-            t0 = time.thread_time()
-            try:
-                return apply(key, result)
-            finally:
-                self.seconds += time.thread_time() - t0
-        optimizer.apply_refresh = timed
 
 
 def state_bytes(optimizer) -> dict[str, int]:

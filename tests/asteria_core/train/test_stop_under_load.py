@@ -8,16 +8,15 @@ hang guard only."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from asteria_bench.suites.serving import first_step_done
 from asteria_core.machine import MACHINE
 from tests.backend.conftest import free_port
 
@@ -29,20 +28,6 @@ TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
 PROCESS_WORKERS = ["--optim.name", "soap", "--policy.worker_kind", "process",
                    "--policy.workers", str(min(2, MACHINE.max_process_workers))]
 HANG_GUARD_SECONDS = 300
-
-
-def first_step_done(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            body = urllib.request.urlopen(url, timeout=5).read().decode()
-            steps = re.search(r"^asteria_steps(?:_total)? (\S+)$", body, re.M)
-            if steps and float(steps[1]) > 0:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"no step seen on {url}; exit status {proc.poll()}")
 
 
 @pytest.fixture
