@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -17,51 +14,12 @@ import pytest
 
 from asteria_core.train import checkpoint as ckpt
 from tests.backend.conftest import free_port
-from tests.dashboard.stack import ROOT, wait_until
+from tests.dashboard.stack import Start, wait_until
 
 TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
         "--model.block_size", "32", "--data.batch_size", "4", "--train.threads", "1",
         "--train.steps", "1000000", "--train.eval_interval", "100000"]
 HINT = "continue it with `asteria start --resume`"
-
-
-class Start:
-    """`python -m backend.cli start ARGS` (what `asteria start` runs) on given ports and data
-    folder, its output collected as it comes."""
-
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "start", *args],
-                                     cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def ready(self) -> None:
-        wait_until(lambda: "Ctrl-C stops both" in self.output or self.proc.poll() is not None,
-                   240, 0.2, "asteria start to be ready")
-        assert self.proc.poll() is None, self.output
-
-    def finish(self) -> int:
-        try:
-            return self.proc.wait(180)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.reader.join(10)
-
-    def interrupt(self) -> int:
-        """Ctrl-C, and the exit status."""
-        self.proc.send_signal(signal.SIGINT)
-        return self.finish()
 
 
 @pytest.fixture

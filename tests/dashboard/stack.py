@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,3 +128,42 @@ def chromium() -> tuple[Path | None, str]:
     if not CHROMIUM.exists():
         return None, f"apt-get installed chromium but {CHROMIUM} is still missing"
     return CHROMIUM, ""
+
+
+class Start:
+    """`python -m backend.cli start ARGS` (what `asteria start` runs) on given ports and data
+    folder, its output collected as it comes."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "start", *args],
+                                     cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def ready(self) -> None:
+        wait_until(lambda: "Ctrl-C stops both" in self.output or self.proc.poll() is not None,
+                   240, 0.2, "asteria start to be ready")
+        assert self.proc.poll() is None, self.output
+
+    def finish(self) -> int:
+        try:
+            return self.proc.wait(180)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.reader.join(10)
+
+    def interrupt(self) -> int:
+        """Ctrl-C, and the exit status."""
+        self.proc.send_signal(signal.SIGINT)
+        return self.finish()

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.backend.conftest import free_port
-from tests.dashboard.stack import ROOT, answers, wait_until
+from tests.dashboard.stack import ROOT, Start, answers, wait_until
 
 TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
         "--model.block_size", "32", "--data.batch_size", "4", "--train.threads", "1",
@@ -46,7 +45,7 @@ def children(pid: int) -> dict[str, int]:
     return kids
 
 
-class Launcher:
+class Launcher(Start):
     """`python -m backend.cli start` (what `asteria start` runs), own ports and data folder."""
 
     def __init__(self, tmp_path: Path) -> None:
@@ -55,33 +54,7 @@ class Launcher:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTERIA_")}
         env.update(ASTERIA_PORT=str(self.api), ASTERIA_DASHBOARD_PORT=str(self.ui),
                    ASTERIA_DATA_DIR=str(self.data))
-        self.proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "start", *TINY],
-                                     cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def ready(self) -> None:
-        wait_until(lambda: "Ctrl-C stops both" in self.output or self.proc.poll() is not None,
-                   180, 0.2, "asteria start to be ready")
-        assert self.proc.poll() is None, self.output
-
-    def finish(self) -> int:
-        try:
-            return self.proc.wait(150)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.reader.join(10)
+        super().__init__(env, *TINY)
 
 
 @pytest.fixture
