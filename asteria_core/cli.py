@@ -193,6 +193,9 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
     who = _who(ranks)
     try:
         trainer = Trainer(config)
+    except ConfigError as err:  # a run this machine cannot hold (its state, say)
+        print(f"asteria: {who}config error: {err}", file=sys.stderr)
+        return 2
     except (OSError, ValueError, TierFileError) as err:  # unreadable, unwritable, too full
         print(f"asteria: {who}cannot start the run: {err}", file=sys.stderr)
         return 1

@@ -68,3 +68,80 @@ class Machine:
 
 
 MACHINE = Machine(_cores(), _memory_bytes())
+
+
+# ------------------------------------------------------------------ the memory a run may fill
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """The memory this process may use, and where that figure comes from."""
+
+    bytes: int
+    source: str  # "cgroup" (its memory cgroup's limit) or "MemAvailable" (no limit set)
+
+
+def _cgroup_limit(proc_cgroup: str, root: Path) -> int | None:
+    """The lowest memory limit on the way from the process's own cgroup up to the root (a
+    limit applies to everything under it): cgroup v1's memory.limit_in_bytes, v2's memory.max.
+    None when none is set."""
+    limits = []
+    for line in proc_cgroup.splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"  # v1
+        elif hierarchy == "0" and not controllers:
+            base, name = root, "memory.max"  # v2 (unified)
+        else:
+            continue
+        folder = base / path.lstrip("/")
+        for where in (folder, *folder.parents):
+            if base not in (where, *where.parents):
+                break
+            try:
+                text = (where / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                limits.append(int(text))
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = [n for n in limits if n < physical]  # v1 writes "no limit" as a huge number
+    return min(limits, default=None)
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def memory_limit() -> MemoryLimit:
+    """Read now (a run may be started inside a cgroup after this module was imported)."""
+    try:
+        limit = _cgroup_limit(Path("/proc/self/cgroup").read_text(), CGROUP_ROOT)
+    except OSError:
+        limit = None
+    if limit is not None:
+        return MemoryLimit(limit, "cgroup")
+    return MemoryLimit(_mem_available(), "MemAvailable")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def memory_shortfall(state_bytes: int, params_bytes: int, limit: MemoryLimit) -> str | None:
+    """Why an optimizer whose state is planned for memory (`state_bytes`), next to the model's
+    parameters and gradients (`params_bytes`), cannot fit the memory `limit`; None when it
+    fits. Said before training, so a run is refused up front instead of killed at step 1."""
+    short = state_bytes + params_bytes - limit.bytes
+    if short <= 0:
+        return None
+    return (f"optimizer state needs {_size(state_bytes)} in memory, parameters and gradients "
+            f"{_size(params_bytes)}, the memory limit is {_size(limit.bytes)} ({limit.source}): "
+            f"{_size(short)} short; set a host budget and a disk tier (--policy.offload_mode "
+            "disk --policy.device_budget_bytes N --policy.host_budget_bytes N --policy.disk_dir "
+            "DIR; on a CPU the device tier is host memory too)")

@@ -458,6 +458,14 @@ class TierStore:
                                 sum(e.nbytes for e in self.entries))
         return dict(self._tier_bytes[1])
 
+    def memory_bytes(self) -> int:
+        """Bytes of state the plan keeps in this process's memory: the host tier and its
+        staging buffers, and the device tier when the device is the CPU."""
+        held = self.plan.used(self.entries, "host") + self.plan.slots * self.plan.slot_bytes
+        if self.device.type == "cpu":
+            held += self.plan.used(self.entries, "device")
+        return held
+
     def hit_ratio(self) -> float | None:
         total = self.hits + self.misses
         return self.hits / total if total else None

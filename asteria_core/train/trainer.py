@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from asteria_core.machine import memory_limit, memory_shortfall
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.runtime.runtime import Runtime, new_run_id
 from asteria_core.telemetry.records import StepRecord
@@ -34,7 +35,7 @@ from asteria_core.telemetry.reporter import RunReporter
 from asteria_core.tiers import TierFileError
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train import parallel
-from asteria_core.train.config import RunConfig, parse_cpu_list
+from asteria_core.train.config import ConfigError, RunConfig, parse_cpu_list
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.data import (
     BatchLoader,
@@ -169,6 +170,7 @@ class Trainer:
             records=records if jsonl and ranks.main else None,
             optimizer_name=config.optim.name,
             start_step=int(resume["step"]) if resume is not None else 0)
+        self._check_memory()
         self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []
         self.model_params = self.model.num_params()
@@ -180,6 +182,19 @@ class Trainer:
             self.net = DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda"
                 else None)
+
+    def _check_memory(self) -> None:
+        """Refuse, before step 1, optimizer state planned for memory that cannot fit there
+        next to the parameters and gradients (the cgroup would kill the run at its first step)."""
+        tiers = self.runtime.tiers
+        if tiers is None:
+            return
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters()
+                     if p.device.type == "cpu")
+        why = memory_shortfall(tiers.memory_bytes(), 2 * params, memory_limit())
+        if why is not None:
+            self.runtime.close()
+            raise ConfigError(why)
 
     def _resume_path(self, config: RunConfig) -> str | None:
         """The checkpoint to resume (rank 0's file in a data-parallel run): `train.resume`, or
