@@ -54,9 +54,14 @@ class _Streamed:
 
     def __init__(self, f) -> None:
         self._f = f
+        self.error: OSError | None = None  # a write that failed (a full disk, say)
 
     def write(self, data) -> int:
-        n = self._f.write(data)
+        try:
+            n = self._f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
         release_pages(data)
         return n
 
@@ -72,7 +77,15 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, _Streamed(f))
+            streamed = _Streamed(f)
+            try:
+                torch.save(obj, streamed)
+            except RuntimeError as err:
+                # torch's zip writer answers a failed write with an error of its own ("unexpected
+                # pos") as it closes: the write's OSError is the one that says what happened.
+                if streamed.error is None:
+                    raise
+                raise streamed.error from err
             f.flush()
             os.fsync(f.fileno())
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)

@@ -152,3 +152,17 @@ def test_a_disk_that_fills_up_mid_run_ends_the_cli_in_one_line(tmp_path):
         assert "No space left on device" in line and str(path) in line, line
         assert ckpt.load(path)["step"] % 5 == 0
         assert leftovers(fs) == []
+
+
+def test_a_checkpoint_that_does_not_fit_raises_the_full_disk_and_leaves_nothing(tmp_path):
+    """torch.save through the streamed writer: its zip writer raised "unexpected pos" over the
+    write's ENOSPC, which the CLI did not take for a full disk (a traceback, not one line)."""
+    import errno
+
+    import torch
+
+    with tmpfs(tmp_path / "fs", "1m") as fs:
+        with pytest.raises(OSError) as raised:
+            ckpt.save_atomic({"big": torch.zeros(1 << 20)}, fs / ckpt.CHECKPOINT_NAME)  # 4 MiB
+        assert raised.value.errno == errno.ENOSPC
+        assert list(fs.iterdir()) == []  # neither the file nor its temporary
