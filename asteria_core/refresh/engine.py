@@ -162,11 +162,11 @@ class RefreshEngine:
         self._consecutive: dict[BlockKey, int] = dict.fromkeys(self.blocks, 0)
         self._refresh_seconds: dict[BlockKey, float] = {}
         self._round_seconds = 0.0
+        """Sum of `_refresh_seconds`: one round's work, kept as it changes (not summed over
+        every block at every boundary)."""
         self._slowest_rate = 0.0
         """Most seconds per unit of cost (b^3) a finished refresh took: a block's expected
         refresh time is this times its cost."""
-        """Sum of `_refresh_seconds`: one round's work, kept as it changes (not summed over
-        every block at every boundary)."""
         self._pool = None
         self._pool_spec: tuple | None = None
         self._retired: list = []
