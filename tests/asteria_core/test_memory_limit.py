@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from asteria_core.machine import MemoryLimit, _cgroup_limit, memory_shortfall
+from tests.components import missing
 
 GiB, MiB = 1 << 30, 1 << 20
 REPO = Path(__file__).parents[2]
@@ -70,18 +71,12 @@ Python, torch and the built model take ~430 MB before step 1."""
 LIMIT = 600 * MiB
 
 
-def _missing(what: str) -> None:
-    if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-        pytest.fail(f"CI=true and {what}", pytrace=False)
-    pytest.skip(f"SKIPPED, NOT TESTED: {what}")
-
-
 @pytest.fixture
 def cgroup():
     if os.geteuid() != 0:
-        _missing("not root: cannot create a memory cgroup")
+        missing("not root: cannot create a memory cgroup")
     if not (V1 / "memory.limit_in_bytes").exists():
-        _missing(f"no cgroup v1 memory controller at {V1}")
+        missing(f"no cgroup v1 memory controller at {V1}")
     folder = V1 / f"asteria-test-{os.getpid()}"
     folder.mkdir()
     try:

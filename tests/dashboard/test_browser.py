@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.backend.conftest import TOKEN, free_port
+from tests.components import missing
 from tests.dashboard.stack import (
     ARTIFACTS,
     Dashboard,
@@ -31,21 +32,15 @@ from tests.dashboard.stack import (
 LIVE_CHARTS = 10
 
 
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(f"CI=true and a component of the browser test is missing: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def browser():
     path, reason = chromium()
     if path is None:
-        unavailable(reason)
+        missing(reason)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as err:
-        unavailable(f"playwright is not installed: {err}")
+        missing(f"playwright is not installed: {err}")
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(path), headless=True)
         yield b

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests import apt
+from tests.components import missing
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -43,17 +44,6 @@ TINY_RUN = ["--model.n_layer", "2", "--model.n_head", "2", "--model.n_embd", "32
             "--train.eval_interval", "50", "--train.eval_batches", "2"]
 COMPOSE_ENV = {"ASTERIA_TRAIN_STEPS": "100000"}
 """Environment the tests give Compose's interpolation (as an operator's .env would)."""
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def missing(what: str) -> None:
-    """A component the tests need is not here: fail under CI, skip loudly elsewhere."""
-    if in_ci():
-        pytest.fail(f"CI=true and {what}", pytrace=False)
-    pytest.skip(f"SKIPPED, NOT TESTED: {what}")
 
 
 def free_port() -> int:

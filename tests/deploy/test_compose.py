@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 
+from tests.components import missing
 from tests.deploy.conftest import (
     COMPOSE_FILE,
     REPO,
@@ -19,7 +20,6 @@ from tests.deploy.conftest import (
     adapt,
     free_port,
     load_compose,
-    missing,
     run_healthcheck,
     tail,
     wait_for,

@@ -22,6 +22,7 @@ from asteria_core.policy import Policy
 from asteria_core.tiers import TierFileError
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.trainer import Trainer
+from tests.components import missing
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -34,10 +35,7 @@ def tmpfs(path: Path, size: str, *options: str):
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]),
                             "tmpfs", str(path)], capture_output=True, text=True)
     if mount.returncode != 0:
-        reason = f"cannot mount a tmpfs (needs root): {mount.stderr.strip()}"
-        if os.environ.get("CI", "").strip().lower() == "true":
-            pytest.fail(f"CI=true: {reason}")
-        pytest.skip(reason)
+        missing(f"a tmpfs cannot be mounted (needs root): {mount.stderr.strip()}")
     try:
         yield path
     finally:

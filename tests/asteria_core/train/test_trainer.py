@@ -9,6 +9,7 @@ import torch
 from asteria_core.telemetry.timing import PHASES
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train.trainer import Trainer
+from tests.components import missing
 
 
 def _resume_config(config, path):
@@ -65,9 +66,10 @@ def test_boundary_hooks_run_once_per_step_after_the_update(tiny):
     assert calls == [(s, s) for s in range(1, 6)]
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs Linux")
 def test_train_cpus_pins_the_training_thread_only(tiny):
     """The trainer pins the thread that builds it; the rest of the process keeps its CPUs."""
+    if not hasattr(os, "sched_setaffinity"):
+        missing("os.sched_setaffinity (pinning a thread needs Linux)")
     config = tiny(steps=2)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, cpus="0"))
     before, seen = os.sched_getaffinity(0), {}
