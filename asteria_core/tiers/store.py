@@ -142,6 +142,8 @@ class TierStore:
         self.plan = plan(self.entries, policy)
         for e, tier in zip(self.entries, self.plan.tiers, strict=True):
             e.tier = tier
+        # Bytes per home tier: the plan's, so counted once per plan, not at every step.
+        self._tier_bytes = {t: self.plan.used(self.entries, t) for t in ("device", "host", "disk")}
         self._policy = policy
         if self.plan.slots:
             if self.disk is not None:
@@ -451,12 +453,8 @@ class TierStore:
 
     # ------------------------------------------------------------------ figures, shutdown
     def tier_bytes(self) -> dict[str, int]:
-        """Bytes of state per home tier (the plan's: computed once per plan, not per step)."""
-        if getattr(self, "_tier_bytes", (None,))[0] is not self.plan:
-            self._tier_bytes = (self.plan, {t: self.plan.used(self.entries, t)
-                                            for t in ("device", "host", "disk")},
-                                sum(e.nbytes for e in self.entries))
-        return dict(self._tier_bytes[1])
+        """Bytes of state per home tier."""
+        return dict(self._tier_bytes)
 
     def memory_bytes(self) -> int:
         """Bytes of state the plan keeps in this process's memory: the host tier and its
@@ -474,7 +472,7 @@ class TierStore:
         """Bytes and budget per tier (the host tier counts the disk tier's staging buffers)."""
         used = self.tier_bytes()
         policy = self._policy
-        total = self._tier_bytes[2]
+        total = sum(used.values())
         staging = self.plan.slots * self.plan.slot_bytes
         held = {"device": used["device"], "host": used["host"] + staging}
         capacity = {"device": policy.device_budget_bytes or total,
