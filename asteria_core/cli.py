@@ -305,7 +305,9 @@ routine, so only their warnings are shown."""
 
 def _rank_from_env() -> int:
     """This process's rank under torchrun, from its environment (0 outside torchrun, and when
-    the environment is malformed: the run refuses that later, naming the variable)."""
+    the environment is malformed: the run refuses that later, naming the variable). Not
+    `parallel.Ranks.from_env()`: logging is set up for every command, and that module loads
+    torch, which `asteria keys` or `--help` must not wait for."""
     try:
         world = int(os.environ.get("WORLD_SIZE") or 1)
         return int(os.environ.get("RANK") or 0) if world > 1 else 0
