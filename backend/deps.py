@@ -55,9 +55,8 @@ async def require_token(request: Request,
     if not _verify(request):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",
                             headers={"WWW-Authenticate": "Bearer"})
-    host = request.client.host if request.client else "unknown"
     agent = request.headers.get("user-agent", "")[:60]
-    return f"{host} {agent}".strip()
+    return f"{client_host(request.scope)} {agent}".strip()
 
 
 Manager = Annotated[RunManager, Depends(get_manager)]
