@@ -45,6 +45,7 @@ from pathlib import Path
 import httpx
 
 from asteria_core.cli import to_toml
+from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.train.progress import progress_bar, progress_figures
 from backend.runs import RESUMABLE
@@ -219,7 +220,7 @@ def start(config: RunConfig, settings: Settings | None = None,
             child.stop(GRACE_SECONDS[child.name], hurry)
         if children:
             print("asteria: stopped", flush=True)
-        if stopping and (data_dir / "runs" / stopping / "checkpoint.pt").is_file():
+        if stopping and (data_dir / "runs" / stopping / CHECKPOINT_NAME).is_file():
             print(f"asteria: run {stopping} keeps its checkpoint; continue it with "
                   f"`{RESUME_HINT}`", flush=True)
         for sig, handler in previous.items():
@@ -329,6 +330,7 @@ def _detail(answer: httpx.Response) -> str:
         return str(answer.json()["detail"])
     except (ValueError, KeyError, TypeError):
         return f"HTTP {answer.status_code}"
+
 
 def _failed(child: Child, stop: threading.Event) -> int:
     if stop.is_set():
