@@ -1,8 +1,12 @@
-"""The training thread's CPU inside an optimizer's basis swaps, for the suites that time them."""
+"""What the suites read off a process besides wall-clock time: the training thread's CPU inside
+an optimizer's basis swaps, and the process's peak RSS."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import time
+from pathlib import Path
 
 
 class SwapClock:
@@ -22,3 +26,24 @@ class SwapClock:
             finally:
                 self.seconds += time.thread_time() - t0
         optimizer.apply_refresh = timed
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS: VmHWM (since its exec, or since `reset_peak_rss`). Not
+    ru_maxrss: Linux keeps it across execve, so a worker started by a large parent would report
+    the parent's peak; it is the fallback only where /proc is missing."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        status = ""
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    """VmHWM := VmRSS now (Linux 4.0+), so the next peak is what comes after (where it cannot
+    be reset, the peak is the process's so far, as VmHWM says)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")

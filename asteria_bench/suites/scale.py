@@ -26,7 +26,6 @@ references' defaults, tokens per step at one size, and the device-and-host arran
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import statistics
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from asteria_bench import turns
-from asteria_bench.clocks import SwapClock
+from asteria_bench.clocks import SwapClock, peak_rss_bytes, reset_peak_rss
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
@@ -88,20 +87,6 @@ def arms() -> list[turns.Config]:
 
 
 # ------------------------------------------------------------------------------------ measuring
-def reset_peak_rss() -> None:
-    """VmHWM := VmRSS now (Linux 4.0+), so the next peak is this size's own (where it cannot
-    be reset, the peak is the process's so far, as VmHWM says)."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss_bytes() -> int | None:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
 def state_bytes(optimizer) -> dict[str, int]:
     """Optimizer-state bytes by kind: moments, factors, bases, other."""
     kinds = {"moments": 0, "factors": 0, "bases": 0, "other": 0}

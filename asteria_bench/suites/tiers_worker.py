@@ -15,24 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
-
-def peak_rss_bytes() -> int:
-    """This process's peak RSS since its exec: VmHWM (Linux keeps ru_maxrss across execve, so a
-    worker started by a large parent would report the parent's peak)."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        status = ""
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from asteria_bench.clocks import peak_rss_bytes
 
 
 def train(args: argparse.Namespace) -> dict:
