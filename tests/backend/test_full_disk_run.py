@@ -1,6 +1,7 @@
 """A run that dies because the disk is full is not left `running` (issue 26, item 3), for real:
-the control plane's data dir (its run store and run folders) is on a small tmpfs mounted for the
-test (root only), which is then filled to its last byte.
+the control plane's run store and its run folders are on two small tmpfs mounted for the test
+(root only), both then filled to their last byte. Two, because a run that dies removes its
+half-written checkpoint: on one file system that frees room the store's status write could use.
 
 The run dies; the store cannot write that it did, yet no read reports it running: the status it
 ended with is kept and written once the disk has room again, and the run resumes from its last
@@ -29,13 +30,15 @@ def stored_status(database, run_id: str) -> str:
 
 def test_a_run_that_dies_on_a_full_disk_is_not_left_running(server_factory, tmp_path):
     config = {**TINY, "train": {**TINY["train"], "checkpoint_interval": 5}}
-    with tmpfs(tmp_path / "fs", "8m") as fs, server_factory(data_dir=fs / "data") as live, \
+    with tmpfs(tmp_path / "fs", "8m") as fs, tmpfs(tmp_path / "db", "8m") as db, \
+            server_factory(data_dir=fs / "data", db_path=db / "asteria.db") as live, \
             httpx.Client(base_url=live.url, timeout=60,
                          headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         database = live.settings.resolved_db_path
         run_id = client.post("/runs", json={"config": config}).json()["id"]
         wait_for(lambda: (client.get(f"/runs/{run_id}").json()["checkpoint_step"] or 0) >= 5,
                  HANG)
+        fill(db)
         fill(fs)
         # The run dies (its records and next checkpoint do not fit); nothing trains it now.
         wait_for(lambda: client.get("/healthz").json()["active_run"] is None, HANG)
@@ -51,7 +54,8 @@ def test_a_run_that_dies_on_a_full_disk_is_not_left_running(server_factory, tmp_
         assert refused.headers["Retry-After"].isdigit()
         assert client.get("/healthz").json()["active_run"] is None
 
-        (fs / "filler").unlink()  # room again: the store writes what it could not
+        (db / "filler").unlink()  # room again: the store writes what it could not
+        (fs / "filler").unlink()
         wait_for(lambda: client.get(f"/runs/{run_id}").json() and
                  stored_status(database, run_id) == "failed", HANG)
         r = client.post(f"/runs/{run_id}/resume")
