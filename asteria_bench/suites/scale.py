@@ -1,35 +1,44 @@
-"""`scale`: how each of Asteria's costs grows with the model (issue 24, item 1).
+"""`scale`: how each of Asteria's costs grows with the model (issue 24).
 
-A ladder of GPT sizes, from the default up to GPT-2 small's shape (12 x 768, 12 heads) and
-24 x 1024 in full mode, byte vocabulary, sequences and batches kept small enough that a step
-stays within tens of seconds on 2 cores. At each size three arms train the same model on the
-same batches, taking interleaved turns of one refresh interval (asteria_bench/turns.py), so the
-machine's drift falls on all of them alike:
+A ladder of GPT sizes, from the default up to GPT-2 small's shape (12 x 768, 12 heads), byte
+vocabulary, sequences and batches kept small enough that a step stays within tens of seconds on
+2 cores. At each size the arms train the same model on the same batches, taking interleaved
+turns of one refresh interval (asteria_bench/turns.py), so the machine's drift falls on all of
+them alike:
   AdamW;
   native SOAP: the references' defaults (max_precond_dim 10000, no block size, refresh every
       10 steps), refreshing inline at the step;
-  Asteria-SOAP: the same optimizer, refresh on one host worker thread, d = S = 10.
-Per size and arm: step time (p50, mean, p99, over the steps after the warm-up turns), the refresh
-work of one round (worker seconds for every block: the mean refresh time times the blocks)
-against the training time of one interval, the *refresh duty* (above 1 the worker cannot keep
-up: staleness is then pinned at S and the step waits, as refresh_wait), the staleness reached
-against S, refresh_wait and basis-swap time per step (the swap measured as the training
-thread's CPU inside `apply_refresh`), optimizer-state bytes by kind (moments, factors, bases)
-and the peak RSS of the size (VmHWM, reset before it through /proc/self/clear_refs; all three
-arms are resident together). Every figure is then fitted against the parameter count on log-log
-axes: the fitted exponent k says how it grows (k = 1: in proportion to the parameters).
+  Asteria-SOAP: the same optimizer, refresh on one host worker thread, d = S = 10;
+  native and Asteria SOAP at the block size recommended for large models (BLOCK, 1024), where
+      the size has a factor wider than it (below, the two configurations are one optimizer).
+Each size runs in two arrangements (ARRANGEMENT_TEXT): "shared", where training's two threads
+and the host worker share both cores (this machine as it is), and "device-host", a stand-in for
+a GPU and its host: every arm trains on core 0 with one thread, Asteria's worker refreshes on
+core 1, native SOAP refreshes inline on core 0 as it does on a GPU.
+Per size, arrangement and arm: step time (p50, mean, p99, over the steps after the warm-up
+turns; the spike, a turn's slowest step over its median), the refresh work of one round (worker
+seconds for every block: the mean refresh time times the blocks) against the training time of
+one interval, the *refresh duty* (above 1 the worker cannot keep up: staleness is then pinned at
+S and the step waits, as refresh_wait), the staleness reached against S, refresh_wait and
+basis-swap time per step (the swap measured as the training thread's CPU inside
+`apply_refresh`), optimizer-state bytes by kind (moments, factors, bases) and the peak RSS of
+the size (VmHWM, reset before it through /proc/self/clear_refs; all arms are resident
+together). Every figure is then fitted against the parameter count on log-log axes: the fitted
+exponent k says how it grows (k = 1: in proportion to the parameters).
 
-Not measured yet (the rest of issue 24, item 1): SOAP at a recommended block size beside the
-references' defaults, tokens per step at one size, and the device-and-host arrangement
-(training pinned to core 0, workers to core 1).
+Tokens per step: at one size, AdamW and Asteria-SOAP at growing batches; SOAP's projections cost
+the same whatever the batch, so its overhead over AdamW falls as the tokens per step grow.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import statistics
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,11 @@ TITLE = "Scale: how each cost grows with the model"
 INTERVAL = turns.INTERVAL
 BOUND = 10  # S = d: the default policy's staleness bound
 REFERENCE_DEFAULTS = ["--optim.max_precond_dim", "10000", "--optim.precond_block_size", "10000"]
+BLOCK = 1024
+"""The block size recommended for large models: a factor's refresh costs ~b^3 and its memory
+b^2, so splitting a 3072 (4 x 768) factor into three 1024 blocks cuts its refresh work 9x and its
+factor memory 3x, while 1024 still covers GPT-2 small's residual width whole (768) and keeps each
+block's refresh within an interval on one host core at the ladder's step times."""
 MOMENTS = ("exp_avg", "exp_avg_sq", "exp_avg_eigen")
 
 
@@ -64,6 +78,11 @@ class Rung:
     def name(self) -> str:
         return f"{self.n_layer} x {self.n_embd}"
 
+    @property
+    def widest(self) -> int:
+        """The widest factor of a block: the MLP's 4 x n_embd."""
+        return 4 * self.n_embd
+
     def args(self) -> list[str]:
         return ["--model.n_layer", str(self.n_layer), "--model.n_embd", str(self.n_embd),
                 "--model.n_head", str(self.n_head), "--model.block_size", str(self.seq),
@@ -71,19 +90,87 @@ class Rung:
                 "--policy.refresh_interval", str(INTERVAL)]
 
 
-FULL = (Rung(5, 128, 4, 128, 4, 5), Rung(6, 384, 6, 128, 4, 4), Rung(8, 512, 8, 128, 4, 4),
-        Rung(12, 768, 12, 128, 4, 4), Rung(24, 1024, 16, 128, 2, 3))
+FULL = (Rung(5, 128, 4, 128, 4, 4), Rung(4, 256, 4, 128, 4, 4), Rung(6, 384, 6, 128, 4, 4),
+        Rung(8, 512, 8, 128, 4, 4), Rung(12, 768, 12, 128, 4, 4))
 QUICK = (Rung(2, 64, 2, 32, 4, 3), Rung(3, 96, 3, 32, 4, 3))
 
+# Tokens per step at one size: SOAP's projections cost the same whatever the batch, so its
+# overhead over AdamW falls as the tokens per step grow.
+TOKENS_RUNG = Rung(4, 256, 4, 128, 1, 3)
+TOKENS_BATCHES = (1, 4, 16, 64)
+QUICK_TOKENS_RUNG = Rung(2, 64, 2, 32, 1, 3)
+QUICK_TOKENS_BATCHES = (1, 8)
+OVERHEAD_TARGET = 0.10
 
-def arms() -> list[turns.Config]:
-    return [
-        turns.Config("AdamW", turns.ADAMW, "adamw"),
-        turns.Config("native SOAP (refresh inline)",
-                     [*turns.SOAP, *turns.NATIVE, *REFERENCE_DEFAULTS], "soap"),
-        turns.Config(f"Asteria-SOAP (1 worker, d = S = {BOUND})",
-                     [*turns.SOAP, *turns.asteria(BOUND), *REFERENCE_DEFAULTS], "soap"),
+
+@dataclass(frozen=True)
+class Arm:
+    key: str  # "adamw", "native", "asteria", "native_block", "asteria_block"
+    config: turns.Config
+
+    @property
+    def asteria(self) -> bool:
+        return self.key.startswith("asteria")
+
+
+def arms(rung: Rung | None = None) -> list[Arm]:
+    """AdamW, then native and Asteria SOAP at the references' defaults and, where the rung has a
+    factor wider than BLOCK (otherwise the two are the same optimizer), at BLOCK."""
+    out = [
+        Arm("adamw", turns.Config("AdamW", turns.ADAMW, "adamw")),
+        Arm("native", turns.Config("native SOAP (refresh inline)",
+                                   [*turns.SOAP, *turns.NATIVE, *REFERENCE_DEFAULTS], "soap")),
+        Arm("asteria", turns.Config(f"Asteria-SOAP (1 worker, d = S = {BOUND})",
+                                    [*turns.SOAP, *turns.asteria(BOUND), *REFERENCE_DEFAULTS],
+                                    "soap")),
     ]
+    if rung is None or rung.widest > BLOCK:
+        recommended = ["--optim.max_precond_dim", "10000", "--optim.precond_block_size",
+                       str(BLOCK)]
+        out += [
+            Arm("native_block", turns.Config(f"native SOAP, block {BLOCK}",
+                                             [*turns.SOAP, *turns.NATIVE, *recommended],
+                                             "soap")),
+            Arm("asteria_block", turns.Config(f"Asteria-SOAP, block {BLOCK}",
+                                              [*turns.SOAP, *turns.asteria(BOUND),
+                                               *recommended], "soap")),
+        ]
+    return out
+
+
+# ------------------------------------------------------------------------------- arrangements
+ARRANGEMENTS = ("shared", "device-host")
+ARRANGEMENT_TEXT = {
+    "shared": "training with 2 threads; the host worker shares both cores with it",
+    "device-host": "a stand-in for a device and its host: training pinned to core 0 with one "
+                   "thread for every arm (the 'device'), Asteria's worker pinned to core 1 (the "
+                   "'host'), native SOAP refreshing inline on core 0 as on a GPU",
+}
+
+
+def arranged_config(arm: Arm, arrangement: str) -> turns.Config:
+    """The arm's config with the arrangement's overrides last (they win)."""
+    if arrangement == "shared":
+        return arm.config
+    device, host = sorted(os.sched_getaffinity(0))[:2]
+    extra = ["--train.threads", "1", "--train.cpus", str(device)]
+    if arm.asteria:
+        extra += ["--train.worker_cpus", str(host)]
+    return replace(arm.config, args=[*arm.config.args, *extra])
+
+
+@contextmanager
+def arranged(arrangement: str) -> Iterator[None]:
+    """Give the calling thread its CPUs back afterwards: `train.cpus` pins the thread that
+    builds a trainer, and every arm is built and trained on this one."""
+    cpus = os.sched_getaffinity(0)
+    if arrangement != "shared" and len(cpus) < 2:
+        raise RuntimeError(f"the {arrangement} arrangement needs 2 CPUs; this process has "
+                           f"{len(cpus)}")
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cpus)
 
 
 # ------------------------------------------------------------------------------------ measuring
@@ -110,33 +197,62 @@ def refresh_figures(c: turns.Contender, steps_ms: list[float]) -> dict[str, Any]
             "refresh_duty": round_s / interval_s, "failures": engine.failures}
 
 
-def train_rung(rung: Rung, opts: BenchOptions, out_dir: Path) -> tuple[list[dict], int | None]:
-    """Every arm's figures at one size, and the size's peak RSS."""
+def spike_max(run: dict[str, Any]) -> float:
+    """The worst turn's slowest step over that turn's median, over the steps after the warm-up."""
+    steady = run["step_ms"][run["warmup_steps"]:]
+    return max(max(t) / statistics.median(t)
+               for t in (steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)))
+
+
+def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptions,
+               out_dir: Path) -> tuple[list[dict], int | None]:
+    """Every chosen arm's figures at one size in one arrangement (interleaved turns), and the
+    peak RSS with all of them resident."""
     steps = rung.turns * INTERVAL
     reset_peak_rss()
-    contenders = [turns.build(cfg, steps, out_dir / f"arm{i}", rung.args())
-                  for i, cfg in enumerate(arms())]
-    clocks = [SwapClock(c.trainer.optimizer) for c in contenders]
-    with progress(steps * len(contenders), f"scale {rung.name}", opts) as bar:
-        for _ in range(rung.turns):
-            for c in contenders:
-                c.turn(INTERVAL)
-                bar.update(INTERVAL)
-    peak = peak_rss_bytes()
-    runs = []
-    for c, clock in zip(contenders, clocks, strict=True):
-        kinds = state_bytes(c.trainer.optimizer)
-        run = turns.summary(c)  # closes the trainer
-        steady = run["step_ms"][run["warmup_steps"]:]
-        run.update(rung=asdict(rung), size=rung.name, state_bytes=kinds,
-                   state_bytes_total=sum(kinds.values()),
-                   swap_ms_per_step=1e3 * clock.seconds / len(run["step_ms"]),
-                   refresh_wait_ms_per_step=1e3 * run["idle_s"].get("refresh_wait", 0.0)
-                   / len(run["step_ms"]),
-                   staleness_bound=BOUND if c.trainer.runtime.refresh is not None else None,
-                   **refresh_figures(c, steady))
-        runs.append(run)
+    with arranged(arrangement):
+        contenders = [turns.build(arranged_config(arm, arrangement), steps, out_dir / arm.key,
+                                  rung.args()) for arm in chosen]
+        clocks = [SwapClock(c.trainer.optimizer) for c in contenders]
+        with progress(steps * len(contenders), f"scale {rung.name}, {arrangement}",
+                      opts) as bar:
+            for _ in range(rung.turns):
+                for c in contenders:
+                    c.turn(INTERVAL)
+                    bar.update(INTERVAL)
+        peak = peak_rss_bytes()
+        runs = []
+        for arm, c, clock in zip(chosen, contenders, clocks, strict=True):
+            kinds = state_bytes(c.trainer.optimizer)
+            run = turns.summary(c)  # closes the trainer
+            steady = run["step_ms"][run["warmup_steps"]:]
+            run.update(arm=arm.key, arrangement=arrangement, rung=asdict(rung), size=rung.name,
+                       state_bytes=kinds, state_bytes_total=sum(kinds.values()),
+                       spike_max=spike_max(run),
+                       swap_ms_per_step=1e3 * clock.seconds / len(run["step_ms"]),
+                       refresh_wait_ms_per_step=1e3 * run["idle_s"].get("refresh_wait", 0.0)
+                       / len(run["step_ms"]),
+                       staleness_bound=BOUND if arm.asteria else None,
+                       **refresh_figures(c, steady))
+            runs.append(run)
     return runs, peak
+
+
+def tokens_axis(opts: BenchOptions, out_dir: Path) -> list[dict[str, Any]]:
+    """At one size, AdamW and Asteria-SOAP at growing batches (shared arrangement): SOAP's
+    overhead over AdamW per tokens per step."""
+    rung = opts.pick(QUICK_TOKENS_RUNG, TOKENS_RUNG)
+    rows = []
+    chosen = [a for a in arms(rung) if a.key in ("adamw", "asteria")]
+    for batch in opts.pick(QUICK_TOKENS_BATCHES, TOKENS_BATCHES):
+        sized = Rung(rung.n_layer, rung.n_embd, rung.n_head, rung.seq, batch, rung.turns)
+        runs, _ = train_arms(sized, chosen, "shared", opts, out_dir / f"batch{batch}")
+        adamw, ours = runs
+        rows.append({"size": rung.name, "params": adamw["params"], "batch": batch,
+                     "tokens_per_step": batch * rung.seq, "adamw_mean_ms": adamw["mean_ms"],
+                     "asteria_mean_ms": ours["mean_ms"],
+                     "overhead": ours["mean_ms"] / adamw["mean_ms"] - 1})
+    return rows
 
 
 # ------------------------------------------------------------------------------------ fitting
@@ -155,18 +271,28 @@ def fit_exponent(params: list[float], values: list[float]) -> dict[str, float] |
 
 def figures(by_size: list[dict[str, Any]]) -> list[tuple[str, str, list]]:
     """(key, label, value per size) of every figure fitted against the parameter count."""
-    def of(arm: int, key: str):
-        return [size["runs"][arm].get(key) for size in by_size]
+    def of(arrangement: str, arm: str, key: str):
+        return [size["runs"].get(arrangement, {}).get(arm, {}).get(key) for size in by_size]
 
     return [
-        ("adamw_step_ms", "AdamW step, mean ms", of(0, "mean_ms")),
-        ("native_step_ms", "native SOAP step, mean ms", of(1, "mean_ms")),
-        ("asteria_step_ms", "Asteria-SOAP step, mean ms", of(2, "mean_ms")),
-        ("round_work_s", "refresh work of a round, worker s", of(2, "round_work_s")),
-        ("refresh_duty", "refresh duty (round work / interval)", of(2, "refresh_duty")),
-        ("swap_ms", "Asteria swap ms per step", of(2, "swap_ms_per_step")),
-        ("state_bytes", "SOAP state bytes", of(2, "state_bytes_total")),
-        ("peak_rss", "peak RSS bytes (all arms)", [size["peak_rss_bytes"] for size in by_size]),
+        ("adamw_step_ms", "AdamW step, mean ms (shared)", of("shared", "adamw", "mean_ms")),
+        ("native_step_ms", "native SOAP step, mean ms (shared)",
+         of("shared", "native", "mean_ms")),
+        ("asteria_step_ms", "Asteria-SOAP step, mean ms (shared)",
+         of("shared", "asteria", "mean_ms")),
+        ("native_step_ms_dh", "native SOAP step, mean ms (device-host)",
+         of("device-host", "native", "mean_ms")),
+        ("asteria_step_ms_dh", "Asteria-SOAP step, mean ms (device-host)",
+         of("device-host", "asteria", "mean_ms")),
+        ("round_work_s", "refresh work of a round, worker s",
+         of("device-host", "asteria", "round_work_s")),
+        ("refresh_duty", "refresh duty, device-host (round work / interval)",
+         of("device-host", "asteria", "refresh_duty")),
+        ("swap_ms", "Asteria swap ms per step (device-host)",
+         of("device-host", "asteria", "swap_ms_per_step")),
+        ("state_bytes", "SOAP state bytes", of("shared", "asteria", "state_bytes_total")),
+        ("peak_rss", "peak RSS bytes (shared: all arms resident)",
+         [size["peak_rss_bytes"].get("shared") for size in by_size]),
     ]
 
 
@@ -175,18 +301,26 @@ def run(opts: BenchOptions) -> SuiteResult:
     ladder = opts.pick(QUICK, FULL)
     result = SuiteResult("scale", TITLE, opts.quick, opts.command,
                          config={"ladder": [asdict(r) for r in ladder], "interval": INTERVAL,
-                                 "staleness_bound": BOUND, "arms": [asdict(a) for a in arms()],
-                                 "threads": 2, "warmup_turns": turns.WARMUP_TURNS,
+                                 "staleness_bound": BOUND, "block": BLOCK,
+                                 "arms": [{"key": a.key, **asdict(a.config)} for a in arms()],
+                                 "arrangements": ARRANGEMENT_TEXT,
+                                 "warmup_turns": turns.WARMUP_TURNS,
                                  "vocab": "bytes (256)"})
-    by_size = []
+    by_size: list[dict[str, Any]] = []
     root = opts.out_dir / ".scale-runs"
     for rung in ladder:
-        runs, peak = train_rung(rung, opts, root / rung.name.replace(" ", ""))
-        by_size.append({"size": rung.name, "params": runs[0]["params"], "peak_rss_bytes": peak,
-                        "runs": runs})
-        result.runs = [{**r, "peak_rss_bytes": s["peak_rss_bytes"]} for s in by_size
-                       for r in s["runs"]]
-        result.save(opts.out_dir)
+        size: dict[str, Any] = {"size": rung.name, "runs": {}, "peak_rss_bytes": {}}
+        for arrangement in ARRANGEMENTS:
+            runs, peak = train_arms(rung, arms(rung), arrangement, opts,
+                                    root / rung.name.replace(" ", "") / arrangement)
+            size["params"] = runs[0]["params"]
+            size["runs"][arrangement] = {r["arm"]: r for r in runs}
+            size["peak_rss_bytes"][arrangement] = peak
+            result.runs += [{**r, "peak_rss_bytes": peak} for r in runs]
+            result.save(opts.out_dir)
+        by_size.append(size)
+    result.config["tokens_axis"] = tokens_axis(opts, root / "tokens")
+    result.save(opts.out_dir)
     shutil.rmtree(root, ignore_errors=True)
     summarize(result, by_size, opts)
     result.save(opts.out_dir)
@@ -196,28 +330,59 @@ def run(opts: BenchOptions) -> SuiteResult:
 def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOptions) -> None:
     params = [s["params"] for s in by_size]
     steps = result.table("Step time per size (ms; interleaved turns, after the warm-up turns)",
-                         ["size", "params", "arm", "p50", "mean", "p99", "spike"])
+                         ["size", "params", "arrangement", "arm", "p50", "mean", "p99", "spike",
+                          "worst spike"],
+                         note="spike: the median over turns of a turn's slowest step over its "
+                              "median; worst spike: the same for the worst turn.")
+    verdict = result.table(
+        "Asteria-SOAP against native SOAP, per size and arrangement",
+        ["size", "params", "arrangement", "SOAP", "Asteria / native mean", "worst spike"],
+        note="device-host: training pinned to core 0 with one thread for every arm, Asteria's "
+             "worker pinned to core 1, native SOAP refreshing inline on core 0; shared: two "
+             "training threads and the worker share both cores.")
     refresh = result.table(
         f"Refresh per size (Asteria-SOAP, 1 worker thread, S = {BOUND})",
-        ["size", "params", "blocks", "round work s", "interval s", "duty", "staleness max / S",
-         "refresh_wait ms/step", "swap ms/step"],
+        ["size", "params", "arrangement", "SOAP", "blocks", "round work s", "interval s", "duty",
+         "staleness max / S", "refresh_wait ms/step", "swap ms/step"],
         note="duty = one round's refresh work (worker seconds, every block) over the training "
              "time of one interval; above 1 the worker cannot keep up.")
     memory = result.table("Memory per size", ["size", "params", "arm", "moments MB",
-                                              "factors MB", "bases MB", "peak RSS MB (all arms)"])
+                                              "factors MB", "bases MB",
+                                              "peak RSS MB (all arms)"])
+    soaps = {"asteria": ("native", "references' defaults"),
+             "asteria_block": ("native_block", f"block {BLOCK}")}
     for size in by_size:
-        for r in size["runs"]:
-            steps.add(size["size"], size["params"], r["label"], round(r["p50_ms"], 1),
-                      round(r["mean_ms"], 1), round(r["p99_ms"], 1), round(r["spike"], 2))
+        for arrangement, runs in size["runs"].items():
+            for r in runs.values():
+                steps.add(size["size"], size["params"], arrangement, r["label"],
+                          round(r["p50_ms"], 1), round(r["mean_ms"], 1), round(r["p99_ms"], 1),
+                          round(r["spike"], 2), round(r["spike_max"], 2))
+            for ours_key, (native_key, soap) in soaps.items():
+                if ours_key not in runs:
+                    continue
+                ours, native = runs[ours_key], runs[native_key]
+                verdict.add(size["size"], size["params"], arrangement, soap,
+                            round(ours["mean_ms"] / native["mean_ms"], 3),
+                            round(ours["spike_max"], 2))
+                refresh.add(size["size"], size["params"], arrangement, soap,
+                            ours.get("blocks", 0), round(ours.get("round_work_s", 0.0), 3),
+                            round(ours.get("interval_train_s", 0.0), 3),
+                            round(ours.get("refresh_duty", 0.0), 3),
+                            f"{ours['staleness_max']} / {BOUND}",
+                            round(ours["refresh_wait_ms_per_step"], 2),
+                            round(ours["swap_ms_per_step"], 2))
+        for r in size["runs"]["shared"].values():
             kinds = r["state_bytes"]
             memory.add(size["size"], size["params"], r["label"],
                        *(round(kinds[k] / 2**20, 2) for k in ("moments", "factors", "bases")),
-                       round((size["peak_rss_bytes"] or 0) / 2**20, 1))
-        a = size["runs"][2]
-        refresh.add(size["size"], size["params"], a.get("blocks", 0),
-                    round(a.get("round_work_s", 0.0), 3), round(a.get("interval_train_s", 0.0), 3),
-                    round(a.get("refresh_duty", 0.0), 3), f"{a['staleness_max']} / {BOUND}",
-                    round(a["refresh_wait_ms_per_step"], 2), round(a["swap_ms_per_step"], 2))
+                       round((size["peak_rss_bytes"]["shared"] or 0) / 2**20, 1))
+    tokens = result.table("SOAP's overhead over AdamW against tokens per step (shared, one size)",
+                          ["size", "params", "batch", "tokens/step", "AdamW mean ms",
+                           "Asteria-SOAP mean ms", "overhead"])
+    for row in result.config["tokens_axis"]:
+        tokens.add(row["size"], row["params"], row["batch"], row["tokens_per_step"],
+                   round(row["adamw_mean_ms"], 1), round(row["asteria_mean_ms"], 1),
+                   f"{100 * row['overhead']:.0f}%")
     fits = result.table("How each figure grows: y = a N^k fitted on log-log axes (N: parameters)",
                         ["figure", "k", "a", "sizes"])
     fitted = {}
@@ -229,38 +394,56 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
         fits.add(label, round(fit["exponent"], 3), f"{fit['prefactor']:.3g}", fit["points"])
     result.config["fits"] = fitted
     result.plots.append(plot(by_size, fitted, opts.out_dir / "scale.png"))
+    if result.config["tokens_axis"]:
+        result.plots.append(plot_tokens(result.config["tokens_axis"],
+                                        opts.out_dir / "scale-tokens.png"))
     _conclude(result, by_size, fitted)
 
 
 def _conclude(result: SuiteResult, by_size: list[dict[str, Any]], fitted: dict) -> None:
     largest = by_size[-1]
-    native, ours = largest["runs"][1], largest["runs"][2]
-    ratio = ours["mean_ms"] / native["mean_ms"]
-    result.quote("asteria_over_native_largest", ratio,
-                 f"at {largest['size']} ({largest['params'] / 1e6:.1f}M parameters) "
-                 "Asteria-SOAP's mean step is {value:.2f}x native SOAP's (shared cores)")
+    for arrangement, runs in largest["runs"].items():
+        ratio = runs["asteria"]["mean_ms"] / runs["native"]["mean_ms"]
+        result.quote(f"asteria_over_native_largest_{arrangement.replace('-', '_')}", ratio,
+                     f"at {largest['size']} ({largest['params'] / 1e6:.1f}M parameters), "
+                     f"{arrangement}, Asteria-SOAP's mean step is {{value:.2f}}x native SOAP's")
     if "asteria_step_ms" in fitted:
         result.quote("asteria_step_exponent", fitted["asteria_step_ms"]["exponent"],
                      "Asteria-SOAP's step time grows as N^{value:.2f} with the parameters N")
     for size in by_size:
-        a = size["runs"][2]
-        if a.get("refresh_duty") is None:
-            continue
-        behind = a["refresh_duty"] > 1
+        for arrangement, runs in size["runs"].items():
+            for key in ("asteria", "asteria_block"):
+                a = runs.get(key)
+                if not a or a.get("refresh_duty") is None:
+                    continue
+                behind = a["refresh_duty"] > 1
+                result.findings.append(
+                    f"{size['size']} ({size['params'] / 1e6:.2f}M parameters), {arrangement}, "
+                    f"{a['label']}: a round of refreshes takes {a['round_work_s']:.2f} worker-s "
+                    f"against {a['interval_train_s']:.2f} s of training per interval (duty "
+                    f"{a['refresh_duty']:.2f}); staleness reached {a['staleness_max']} of "
+                    f"S = {BOUND} and the step waited {a['refresh_wait_ms_per_step']:.1f} ms per "
+                    "step as refresh_wait"
+                    + (" (the worker cannot keep up: the bound holds and the wait is counted)."
+                       if behind else "."))
+    tokens = result.config.get("tokens_axis") or []
+    under = [row for row in tokens if row["overhead"] < OVERHEAD_TARGET]
+    if tokens:
         result.findings.append(
-            f"{size['size']} ({size['params'] / 1e6:.2f}M parameters): a round of refreshes "
-            f"takes {a['round_work_s']:.2f} worker-s against {a['interval_train_s']:.2f} s of "
-            f"training per interval (duty {a['refresh_duty']:.2f}); staleness reached "
-            f"{a['staleness_max']} of S = {BOUND} and the step waited "
-            f"{a['refresh_wait_ms_per_step']:.1f} ms per step as refresh_wait"
-            + (" (the worker cannot keep up: the bound holds and the wait is counted)."
-               if behind else "."))
+            f"Tokens per step at {tokens[0]['size']}: Asteria-SOAP's overhead over AdamW goes "
+            + ", ".join(f"{100 * r['overhead']:.0f}% at {r['tokens_per_step']}"
+                        for r in tokens)
+            + (f"; it falls under {100 * OVERHEAD_TARGET:.0f}% from batch {under[0]['batch']} "
+               f"({under[0]['tokens_per_step']} tokens per step)." if under else
+               f"; it stays above {100 * OVERHEAD_TARGET:.0f}% up to "
+               f"{tokens[-1]['tokens_per_step']} tokens per step."))
     for key, fit in fitted.items():
         result.findings.append(f"{key}: fitted exponent {fit['exponent']:.2f} over "
                                f"{fit['points']} sizes.")
+    ours = largest["runs"]["shared"]["asteria"]
     result.findings.append(
-        f"Peak RSS of the largest size with all three arms resident: "
-        f"{(largest['peak_rss_bytes'] or 0) / 2**30:.2f} GiB; its SOAP state: "
+        f"Peak RSS of the largest size with all its arms resident (shared): "
+        f"{(largest['peak_rss_bytes']['shared'] or 0) / 2**30:.2f} GiB; its SOAP state: "
         f"{ours['state_bytes_total'] / 2**30:.3f} GiB.")
 
 
@@ -268,7 +451,8 @@ def plot(by_size: list[dict[str, Any]], fitted: dict, path: Path) -> dict[str, s
     """Each figure against the parameter count, log-log, with its fitted line and exponent."""
     plt = pyplot()
     params = [s["params"] for s in by_size]
-    panels = [("step time, mean ms", ("adamw_step_ms", "native_step_ms", "asteria_step_ms")),
+    panels = [("step time, mean ms", ("adamw_step_ms", "native_step_ms", "asteria_step_ms",
+                                      "native_step_ms_dh", "asteria_step_ms_dh")),
               ("refresh", ("round_work_s", "refresh_duty", "swap_ms")),
               ("memory, bytes", ("state_bytes", "peak_rss"))]
     values = {key: (label, vals) for key, label, vals in figures(by_size)}
@@ -290,7 +474,25 @@ def plot(by_size: list[dict[str, Any]], fitted: dict, path: Path) -> dict[str, s
         ax.set_yscale("log")
         ax.set_xlabel("parameters N")
         ax.set_title(title)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, path, "each cost against the parameter count, log-log, with its fitted "
                            "exponent k (dashed: the fit)")
+
+
+def plot_tokens(rows: list[dict[str, Any]], path: Path) -> dict[str, str]:
+    """SOAP's overhead over AdamW against the tokens per step, with the 10% line."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["tokens_per_step"] for r in rows], [100 * r["overhead"] for r in rows],
+            marker="o", label="Asteria-SOAP over AdamW, mean step")
+    ax.axhline(100 * OVERHEAD_TARGET, color="grey", linestyle="--", linewidth=0.8,
+               label=f"{100 * OVERHEAD_TARGET:.0f}%")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per step")
+    ax.set_ylabel("overhead, %")
+    ax.set_title(f"{rows[0]['size']} ({rows[0]['params'] / 1e6:.1f}M parameters)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save(fig, path, "SOAP's overhead over AdamW falls as the tokens per step grow")
