@@ -43,6 +43,8 @@ def make_pausable(runtime: Runtime) -> PausableRefresh | None:
     """Before the first step: replace the runtime's refresh engine with a pausable one."""
     if runtime.refresh is None:
         return None
+    cpus = runtime.refresh.worker_cpus
     runtime.refresh.close()
-    runtime.refresh = PausableRefresh(runtime.optimizer, runtime.policy, runtime.reporter)
+    runtime.refresh = PausableRefresh(runtime.optimizer, runtime.policy, runtime.reporter,
+                                      worker_cpus=cpus)
     return runtime.refresh

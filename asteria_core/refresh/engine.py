@@ -125,9 +125,11 @@ class RefreshEngine:
     def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy,
                  reporter: Reporter | None = None, *, fn: RefreshFn = refresh_fn,
                  fallback_fn: RefreshFn = refresh_fn,
-                 exchange: BlockExchange | None = None, skip_below: float = 0.0) -> None:
+                 exchange: BlockExchange | None = None, skip_below: float = 0.0,
+                 worker_cpus: frozenset[int] | None = None) -> None:
         """`exchange`: in a data-parallel run, this rank refreshes only the blocks it owns and
-        swaps in the others' results, which every rank swaps at the same step."""
+        swaps in the others' results, which every rank swaps at the same step. `worker_cpus`:
+        the CPUs the workers run on (None: those of the thread that builds the engine)."""
         self.opt = optimizer
         self.policy = policy
         self.exchange = exchange
@@ -138,6 +140,7 @@ class RefreshEngine:
         self.unchanged = 0
         """Refreshes skipped so far because their basis barely moved."""
         self.reporter = reporter or NullReporter()
+        self.worker_cpus = worker_cpus
         self._host = host_copies_for(optimizer)
         """CUDA: copies snapshots to the host workers off the training stream (refresh/host)."""
         # Where a refresh runs (a worker, or inline when workers = 0), its result is checked
@@ -214,7 +217,8 @@ class RefreshEngine:
         old, self._pool_spec = self._pool, spec
         fn = self._process_fn if policy.worker_kind == "process" else self.fn
         self._pool = None if policy.workers == 0 else make_pool(
-            policy.worker_kind, policy.workers, fn, policy.worker_threads, policy.worker_nice)
+            policy.worker_kind, policy.workers, fn, policy.worker_threads, policy.worker_nice,
+            self.worker_cpus)
         if old is not None:
             # Running jobs finish on the old pool; queued ones move to the new one.
             for item in self._all_outstanding():

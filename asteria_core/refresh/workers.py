@@ -108,9 +108,11 @@ class ThreadWorkers:
     kind = "thread"
     deaths = 0  # a thread does not die unasked (a hung one is abandoned, not replaced)
 
-    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
+    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0,
+                 cpus: frozenset[int] | None = None) -> None:
         self._fn = fn
         self._nice = nice
+        self._cpus = cpus
         self._queue = _PriorityQueue()
         self._busy = 0
         self._lock = threading.Lock()
@@ -124,6 +126,7 @@ class ThreadWorkers:
     def _loop(self) -> None:
         import torch
 
+        pin_this_thread(self._cpus)  # first: the OpenMP threads it starts inherit the CPUs
         torch.set_num_threads(self._threads_per_worker)  # per thread: OpenMP's own setting
         _renice(threading.get_native_id(), self._nice)
         name = threading.current_thread().name
@@ -172,6 +175,14 @@ class ThreadWorkers:
             if t.name not in hung:
                 t.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in self._threads if t.is_alive()]
+
+
+def pin_this_thread(cpus: frozenset[int] | None) -> None:
+    """Run the calling thread (Linux: pid 0 is the calling thread) and the threads it starts
+    from now on only on `cpus`; None leaves it where it is (by default, the CPUs of the thread
+    that started it: the training thread's, `train.cpus`)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def _renice(tid: int, nice: int) -> None:
@@ -240,7 +251,9 @@ READY = "ready"
 """The first message of a worker process on the outbox: (READY, its pid, None, 0.0)."""
 
 
-def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int) -> None:
+def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int,
+                  cpus: frozenset[int] | None = None) -> None:
+    pin_this_thread(cpus)  # before any thread starts: they inherit the CPUs
     _exit_with_parent()
     import torch
 
@@ -258,9 +271,10 @@ def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: in
 
 class _Process:
     def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, nice: int,
-                 outbox: Any) -> None:
+                 outbox: Any, cpus: frozenset[int] | None) -> None:
         self.inbox = ctx.Queue()
-        self.proc = ctx.Process(target=_process_main, args=(self.inbox, outbox, fn, threads, nice),
+        self.proc = ctx.Process(target=_process_main,
+                                args=(self.inbox, outbox, fn, threads, nice, cpus),
                                 name=f"refresh-worker-{index}", daemon=True)
         self.proc.start()
         self.job: Job | None = None
@@ -288,9 +302,11 @@ class ProcessWorkers:
     wanted), and on a loaded machine a process still importing torch, or tearing it down, would
     otherwise hold up the end of a run for seconds."""
 
-    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0) -> None:
+    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0,
+                 cpus: frozenset[int] | None = None) -> None:
         self._ctx = mp.get_context("spawn")
         self._n, self._fn, self._threads, self._nice = n, fn, threads_per_worker, nice
+        self._cpus = cpus
         self._outbox = self._ctx.Queue()
         self._queue = _PriorityQueue()
         self._lock = threading.Lock()
@@ -312,7 +328,8 @@ class ProcessWorkers:
         self._collector.start()
 
     def _new_process(self, index: int) -> _Process:
-        return _Process(self._ctx, index, self._fn, self._threads, self._nice, self._outbox)
+        return _Process(self._ctx, index, self._fn, self._threads, self._nice, self._outbox,
+                        self._cpus)
 
     def _start_processes(self) -> None:
         for index in range(self._n):
@@ -327,6 +344,7 @@ class ProcessWorkers:
                 self._idle.notify_all()
 
     def _dispatch(self) -> None:
+        pin_this_thread(self._cpus)  # it copies snapshots: host work, off the training CPUs
         self._start_processes()
         while (job := self._queue.get()) is not None:
             if job.ready is not None:
@@ -356,6 +374,7 @@ class ProcessWorkers:
         return self._closing or self._retiring
 
     def _collect(self) -> None:
+        pin_this_thread(self._cpus)  # it unpickles results: host work, off the training CPUs
         reaped = time.monotonic()
         while True:
             if time.monotonic() - reaped >= self.REAP_SECONDS:
@@ -477,11 +496,14 @@ class ProcessWorkers:
         return left
 
 
-def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: int = 0):
+def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: int = 0,
+              cpus: frozenset[int] | None = None):
+    """A pool of `n` workers; `cpus`: the CPUs its threads and processes run on (None: those
+    of the thread that builds it)."""
     match kind:
         case "thread":
-            return ThreadWorkers(n, fn, threads_per_worker, nice)
+            return ThreadWorkers(n, fn, threads_per_worker, nice, cpus)
         case "process":
-            return ProcessWorkers(n, fn, threads_per_worker, nice)
+            return ProcessWorkers(n, fn, threads_per_worker, nice, cpus)
         case _:
             raise NotImplementedError(kind)

@@ -77,7 +77,8 @@ class Runtime:
                  run_id: str | None = None, run_dir: str | Path | None = None,
                  records: str | Path | None = None, optimizer_name: str | None = None,
                  start_step: int = 0, distributed: bool | None = None,
-                 refresh_fn=default_refresh_fn, coherence_threshold: float = 0.0) -> None:
+                 refresh_fn=default_refresh_fn, coherence_threshold: float = 0.0,
+                 worker_cpus: frozenset[int] | None = None) -> None:
         """`policy`: the live policy (a `LivePolicy` to share one with a control plane).
         `telemetry`: its config (default: metrics on, no energy estimate); `reporter` replaces
         telemetry altogether (`NullReporter()` turns it off). `run_dir`: where the disk tier
@@ -88,7 +89,8 @@ class Runtime:
         one rank. `refresh_fn`: the refresh math (the seam; a test may slow it down).
         `coherence_threshold`: skip (and in a data-parallel run, do not send) a refresh whose
         basis moved less than this (1 - the mean |cosine| between new and old basis
-        vectors; 0, the default, swaps every refresh)."""
+        vectors; 0, the default, swaps every refresh). `worker_cpus`: the CPUs the refresh
+        workers run on (threads and processes; None: those of the thread that builds this)."""
         if getattr(optimizer, "runtime", None) is not None:
             raise ValueError("this optimizer already has a runtime attached")
         self.optimizer = optimizer
@@ -131,7 +133,8 @@ class Runtime:
             # Refreshes run off the critical path under the policy; state has a home tier.
             self.refresh = RefreshEngine(optimizer, self.policy, self.reporter, fn=refresh_fn,
                                          exchange=self.exchange,
-                                         skip_below=coherence_threshold)
+                                         skip_below=coherence_threshold,
+                                         worker_cpus=worker_cpus)
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
         self._listeners: list[Listener] = []
         self._boundary_hooks: list[StepHook] = []

@@ -208,6 +208,10 @@ class TrainConfig:
     """CPUs the training thread runs on, as a Linux CPU list ("0-3,6"); threads it starts later
     (intra-op pool, refresh workers) inherit them. Empty lets the OS schedule it anywhere. Pinning
     keeps the control plane's threads off the training cores. Linux only."""
+    worker_cpus: str = ""
+    """CPUs the refresh workers run on (threads, processes and their helper threads), as a
+    Linux CPU list ("2-7"): on a GPU host, the cores that do not feed the device. Empty: those
+    of the training thread (`train.cpus`). Linux only."""
 
     LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
         "steps": (1, MAX_STEPS), "eval_interval": (1, MAX_STEPS), "eval_batches": (1, 100_000),
@@ -217,10 +221,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_limits(self, "train")
         one_of("train.device", self.device, DEVICES)
-        if self.cpus:
-            check(sys.platform.startswith("linux"), "train.cpus", self.cpus,
-                   "empty on this platform (pinning needs Linux)")
-            parse_cpu_list("train.cpus", self.cpus)
+        for key in ("cpus", "worker_cpus"):
+            if getattr(self, key):
+                check(sys.platform.startswith("linux"), f"train.{key}", getattr(self, key),
+                      "empty on this platform (pinning needs Linux)")
+                parse_cpu_list(f"train.{key}", getattr(self, key))
         if self.resume and self.resume != "auto" and \
                 not Path(self.resume).expanduser().is_file():
             raise ConfigError(f"train.resume: checkpoint {self.resume!r} does not exist; "

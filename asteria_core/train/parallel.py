@@ -100,10 +100,12 @@ def check(config: RunConfig, ranks: Ranks) -> None:
         raise ConfigError(f"policy.disk_dir: got {config.policy.disk_dir!r}; allowed: empty in "
                           "a data-parallel run (every rank keeps its disk tier in its own run "
                           "folder; one folder would be shared by the ranks)")
-    if config.train.cpus and ranks.local_world > 1:
-        raise ConfigError(f"train.cpus: got {config.train.cpus!r}; allowed: empty in a run of "
-                          f"{ranks.local_world} ranks per node (every rank would be pinned to "
-                          "the same CPUs)")
+    for key in ("cpus", "worker_cpus"):
+        value = getattr(config.train, key)
+        if value and ranks.local_world > 1:
+            raise ConfigError(f"train.{key}: got {value!r}; allowed: empty in a run of "
+                              f"{ranks.local_world} ranks per node (every rank would be pinned "
+                              "to the same CPUs)")
 
 
 def refuse_disk_dir(policy) -> None:

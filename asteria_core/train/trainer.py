@@ -169,7 +169,9 @@ class Trainer:
             reporter=reporter, run_id=self.run_id, run_dir=self.rank_dir,
             records=records if jsonl and ranks.main else None,
             optimizer_name=config.optim.name,
-            start_step=int(resume["step"]) if resume is not None else 0)
+            start_step=int(resume["step"]) if resume is not None else 0,
+            worker_cpus=parse_cpu_list("train.worker_cpus", config.train.worker_cpus)
+            if config.train.worker_cpus else None)
         self._check_memory()
         self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []

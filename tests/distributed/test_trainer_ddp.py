@@ -199,7 +199,9 @@ def test_checks_name_the_key_before_anything_is_built():
            "policy.disk_dir": dataclasses.replace(
                config, policy=dataclasses.replace(config.policy, disk_dir="/tmp/tiers")),
            "train.cpus": dataclasses.replace(
-               config, train=dataclasses.replace(config.train, cpus="0"))}
+               config, train=dataclasses.replace(config.train, cpus="0")),
+           "train.worker_cpus": dataclasses.replace(
+               config, train=dataclasses.replace(config.train, worker_cpus="0"))}
     for key, wrong in bad.items():
         with pytest.raises(ConfigError, match=f"^{key}: got .*; allowed: "):
             parallel.check(wrong, two)

@@ -8,6 +8,7 @@ import time
 from asteria_core.policy import Policy
 from asteria_core.refresh.workers import Job, ProcessWorkers, ThreadWorkers
 from asteria_core.train.trainer import Trainer
+from tests.components import missing
 from tests.procs import alive
 
 
@@ -116,3 +117,92 @@ def test_a_later_policy_change_undoes_an_earlier_process_pool(tiny):
         _wait(lambda: not any(alive(pid) for pid in pids), timeout=30)
     finally:
         trainer.close()
+
+
+# ---------------------------------------------------------------------- pinned to given CPUs
+def _cpus_of_worker(snapshot, config):
+    """The CPUs the thread running the job may run on."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def _two_cpus() -> tuple[int, int]:
+    """Two CPUs this process may use: the first for the caller, the last for the workers."""
+    if not hasattr(os, "sched_setaffinity"):
+        missing("os.sched_setaffinity (pinning a thread needs Linux)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        missing("two CPUs to pin the caller and the workers apart")
+    return cpus[0], cpus[-1]
+
+
+def _run_one_job(pool) -> list[int]:
+    job = Job(snapshot=None, config=None, priority=(0, 0))
+    pool.submit(job)
+    try:
+        assert job.done.wait(120), "the job never finished"
+    finally:
+        assert pool.close() == []
+    assert job.error is None, job.error
+    return job.result
+
+
+def _in_thread_pinned_to(cpu: int, fn):
+    """`fn()` on a thread pinned to `cpu` (as the training thread is by train.cpus)."""
+    out = {}
+
+    def run():
+        os.sched_setaffinity(0, {cpu})
+        out["result"] = fn()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out["result"]
+
+
+def test_thread_workers_run_on_the_given_cpus_not_on_the_training_threads():
+    train_cpu, worker_cpu = _two_cpus()
+    before = os.sched_getaffinity(0)
+    seen = _in_thread_pinned_to(train_cpu, lambda: _run_one_job(
+        ThreadWorkers(1, _cpus_of_worker, cpus=frozenset({worker_cpu}))))
+    assert seen == [worker_cpu]
+    assert os.sched_getaffinity(0) == before  # the caller's own CPUs are left alone
+
+
+def test_process_workers_and_their_helper_threads_run_on_the_given_cpus():
+    train_cpu, worker_cpu = _two_cpus()
+    holder = {}
+
+    def build_and_run():
+        pool = ProcessWorkers(1, _cpus_of_worker, cpus=frozenset({worker_cpu}))
+        holder["helpers"] = [os.sched_getaffinity(t.native_id)
+                             for t in (pool._dispatcher, pool._collector)]
+        return _run_one_job(pool)
+
+    assert _in_thread_pinned_to(train_cpu, build_and_run) == [worker_cpu]
+    assert holder["helpers"] == [{worker_cpu}, {worker_cpu}]  # they copy and unpickle
+
+
+def test_train_worker_cpus_pins_the_trainers_refresh_workers(tiny):
+    """train.cpus puts training on one CPU, train.worker_cpus its refresh worker on another."""
+    train_cpu, worker_cpu = _two_cpus()
+    config = tiny(steps=12, cpus=str(train_cpu), worker_cpus=str(worker_cpu))
+    config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, name="soap"),
+                                 policy=Policy(refresh_interval=5, workers=1))
+
+    def train_and_look() -> list[set[int]]:
+        before = {t.ident for t in threading.enumerate()}
+        trainer = Trainer(config, jsonl=False)
+        seen = []
+        trainer.runtime.at_boundary(lambda step: seen.extend(
+            os.sched_getaffinity(t.native_id) for t in threading.enumerate()
+            if t.ident not in before and t.name.startswith("refresh-worker")))
+        try:
+            trainer.train(progress=False)
+        finally:
+            trainer.close()
+        assert trainer.runtime.refresh.refreshes > 0  # the worker did refresh
+        return seen
+
+    seen = _in_thread_pinned_to(train_cpu, train_and_look)
+    assert seen and all(cpus == {worker_cpu} for cpus in seen)

@@ -53,6 +53,9 @@ def test_yaml_file(tmp_path):
         ("[train]\ncpus = \"0-\"\n", "train.cpus: got '0-'; allowed: a CPU list"),
         ("[train]\ncpus = \"3-1\"\n", "train.cpus: got '3-1'; allowed: a CPU list"),
         ("[train]\ncpus = \"4096\"\n", "train.cpus: got '4096'; allowed: a CPU list"),
+        ("[train]\nworker_cpus = \"1-\"\n", "train.worker_cpus: got '1-'; allowed: a CPU list"),
+        ("[train]\nworker_cpus = \"4096\"\n",
+         "train.worker_cpus: got '4096'; allowed: a CPU list"),
     ],
 )
 def test_bad_config_file_names_the_key(tmp_path, text, message):
