@@ -20,8 +20,11 @@ up (AdamW, with no refresh at all, is its floor), does not.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from asteria_bench.pausable import make_pausable
 from asteria_bench.results import percentile
 from asteria_core.cli import resolve_config
 from asteria_core.telemetry.records import StepRecord
+from asteria_core.train.config import parse_cpu_list
 from asteria_core.train.trainer import Trainer
 
 INTERVAL = 10  # steps between refreshes, and the length of one turn
@@ -68,6 +72,53 @@ def asteria(bound: int, *, train_threads: int = 2, kind: str = "thread",
             "--policy.pace", str(pace).lower()]
 
 
+# Where training and the refresh workers run. Every figure says which arrangement it comes from.
+DEVICE_CPU = 0  # the "device" of the device-and-host arrangement: every arm trains here
+HOST_CPU = 1  # its "host": Asteria's refresh workers
+ARRANGEMENTS = {
+    "shared": "shared cores: training with 2 threads, the refresh workers wherever the OS puts "
+              "them (this machine's 2 cores, shared)",
+    "device-host": f"device and host: every arm trains on core {DEVICE_CPU} with one thread (the "
+                   f"device), Asteria's refresh workers run on core {HOST_CPU} (the host), "
+                   f"native SOAP refreshes inline on core {DEVICE_CPU}, as on a GPU",
+}
+
+
+def arrangement_args(arrangement: str) -> list[str]:
+    """The config overrides that put one arm (any: AdamW, native, Asteria) in `arrangement`;
+    they go after the arm's own arguments, so they win. A worker setting is harmless where the
+    arm has no workers (AdamW, native SOAP)."""
+    if arrangement not in ARRANGEMENTS:
+        raise ValueError(f"arrangement: got {arrangement!r}; allowed: "
+                         f"{' | '.join(ARRANGEMENTS)}")
+    if arrangement == "shared":
+        return []
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if not {DEVICE_CPU, HOST_CPU} <= cpus:
+        raise ValueError(f"arrangement: got 'device-host', which needs CPUs {DEVICE_CPU} and "
+                         f"{HOST_CPU}; this process may use {sorted(cpus)}; allowed: shared")
+    return ["--train.cpus", str(DEVICE_CPU), "--train.threads", "1",
+            "--train.worker_cpus", str(HOST_CPU)]
+
+
+def arranged(config: Config, arrangement: str) -> Config:
+    """`config` in `arrangement` (same label and family; ARRANGEMENTS says what each means)."""
+    return dataclasses.replace(config, args=[*config.args, *arrangement_args(arrangement)])
+
+
+@contextlib.contextmanager
+def main_thread_cpus() -> Iterator[None]:
+    """Give the calling thread its CPUs back afterwards. Building a trainer with train.cpus
+    pins the thread that builds it (all arms are built in one process, on the main thread), and
+    whatever runs next (another suite, the shared arrangement) must not stay pinned."""
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
+
+
 OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
 
@@ -88,13 +139,22 @@ class Contender:
     config: Config
     trainer: Trainer
     threads: int
+    cpus: frozenset[int] | None = None
+    """train.cpus: where its training thread runs (set again at each turn, so arms pinned
+    differently can take turns on one thread); None: wherever the thread is allowed."""
     records: list[StepRecord] = field(default_factory=list)
     charge: float = 0.0
     """Seconds waited at the end of the last turn for refreshes already handed to the workers;
     added to the next step, where they would have run."""
 
-    def turn(self, steps: int) -> None:
+    def enter(self) -> None:
+        """Put the calling (training) thread in this configuration's CPUs and threads."""
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
         torch.set_num_threads(self.threads)
+
+    def turn(self, steps: int) -> None:
+        self.enter()
         engine = self.trainer.runtime.refresh
         if engine is not None:
             engine.defer_releases(False)  # what the last turn's last boundary released goes now
@@ -126,13 +186,14 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
     factory = peer_factory(config.peer, config.args, model_args) if config.peer else None
     trainer = Trainer(run, jsonl=False, optimizer_factory=factory)
     make_pausable(trainer.runtime)
-    return Contender(config, trainer, threads)
+    cpus = parse_cpu_list("train.cpus", run.train.cpus) if run.train.cpus else None
+    return Contender(config, trainer, threads, cpus)
 
 
 def summary(c: Contender) -> dict[str, Any]:
     """Step-time figures over the steps after the warm-up turns (first-time costs), the run's
     idle by cause, the final validation loss, and every raw step time and training loss."""
-    torch.set_num_threads(c.threads)
+    c.enter()
     val_loss = c.trainer.evaluate()
     c.trainer.close()
     records = c.records
@@ -165,7 +226,13 @@ def round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOpt
                 model_args: list[str], failures: list[str] | None = None
                 ) -> list[dict[str, Any]]:
     """Every configuration's summary; a peer that raises is dropped and its error appended to
-    `failures` (ours raise)."""
+    `failures` (ours raise). The calling thread's CPUs are as before afterwards."""
+    with main_thread_cpus():
+        return _round_robin(configs, steps, out_dir, opts, model_args, failures)
+
+
+def _round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
+                 model_args: list[str], failures: list[str] | None) -> list[dict[str, Any]]:
     contenders = [build(cfg, steps, out_dir / f"config{i}", model_args)
                   for i, cfg in enumerate(configs)]
     turns = -(-steps // INTERVAL)
