@@ -4,6 +4,7 @@
     python -m asteria_core.cli config --config run.toml      # the resolved config as TOML
     python -m asteria_core.cli train --metrics-port 9400     # also serve Prometheus /metrics
     python -m asteria_core.cli keys optim                    # every key: type, range, help
+    python -m asteria_core.cli plan --optim.name soap --step-seconds 0.4   # workers, memory
     torchrun --nproc-per-node 2 -m asteria_core.cli train    # data-parallel (DDP), one run
 
 Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
@@ -327,6 +328,44 @@ def configure_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _cmd_plan(config: RunConfig, args: argparse.Namespace) -> int:
+    """`asteria plan`: host workers and memory per tier for a run at the user's step time
+    (asteria_core/train/plan.py)."""
+    import json
+    from pathlib import Path
+
+    from asteria_core.policy import PolicyError
+    from asteria_core.train.plan import plan_run, render
+    from asteria_core.train.refresh_cost import default_cache_path
+
+    calibration = None if args.no_cache else Path(args.calibration or default_cache_path())
+    try:
+        planned = plan_run(config, step_seconds=args.step_seconds, headroom=args.headroom,
+                           calibration=calibration, recalibrate=args.recalibrate)
+    except (ConfigError, PolicyError) as err:
+        print(f"asteria: config error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(planned.to_dict(), indent=1) if args.json else render(planned))
+    return 0
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--step-seconds", type=float, required=True, metavar="S",
+                        help="seconds of one training step on your device (e.g. your GPU's "
+                             "measured step), in (0, 86400]")
+    parser.add_argument("--headroom", type=float, default=0.8,
+                        help="the duty the recommended workers stay under, in (0, 1] "
+                             "(default 0.8)")
+    parser.add_argument("--calibration", metavar="FILE",
+                        help="the refresh-cost measurements to use and extend (default "
+                             "$XDG_CACHE_HOME/asteria/refresh-cost.json)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure again, ignoring what the calibration file holds")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="measure without reading or writing a calibration file")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
 Command = Callable[[RunConfig, argparse.Namespace], int]
 
 # name: (help, handler), in the order `asteria --help` lists them.
@@ -334,6 +373,8 @@ COMMANDS: dict[str, tuple[str, Command]] = {
     "train": ("train a GPT from a config file and overrides", train_command),
     "config": ("print the resolved config as TOML", _cmd_config),
     "keys": ("print every config key: its type, allowed values, default and help", _cmd_keys),
+    "plan": ("how many host refresh workers a run needs at your step time, and its memory "
+             "per tier, from refresh costs measured on this host", _cmd_plan),
 }
 
 
@@ -396,6 +437,10 @@ def add_commands(sub: Any) -> None:
         if name == "keys":
             parser.add_argument("sections", nargs="*", metavar="SECTION",
                                 help="only these sections (default: all)")
+        elif name == "plan":  # resolves a run config, but runs nothing
+            parser.epilog = overrides_help()
+            parser.add_argument("--config", help="a TOML or YAML config file")
+            add_plan_arguments(parser)
         else:
             add_run_arguments(parser)
 
