@@ -1,7 +1,8 @@
 """The control plane: a FastAPI app over a run store, for launched or attached runs.
 
 `backend.serve(runtime)` serves a user's own training script (see backend/attach.py). It loads
-on first use, so `import backend.cli` (the `asteria` command) loads no web stack for `train`.
+on first use, so `import backend.commands` (the control plane's part of the `asteria` command)
+loads no web stack for `train`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 Two child processes, each in a session of its own so that a terminal's Ctrl-C reaches only this
 launcher, which then stops them in order:
 
-    python -m backend.cli serve --config <data_dir>/start-config.toml --host H --port P ...
+    python -m asteria serve --config <data_dir>/start-config.toml --host H --port P ...
     python -m streamlit run dashboard/app.py --server.headless true --server.address 127.0.0.1 ...
 
 It waits until both answer, prints both URLs (once: the control plane's own line is turned off),
@@ -232,7 +232,7 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
          resume: str | None) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cwd = _dashboard_script().parent.parent
-    argv = [sys.executable, "-m", "backend.cli", "serve", "--config", str(config_path),
+    argv = [sys.executable, "-m", "asteria", "serve", "--config", str(config_path),
             "--host", settings.host, "--port", str(settings.port), "--data-dir", str(data_dir),
             "--no-banner"]  # its address is printed below, with ours
     if resume is not None:

@@ -37,7 +37,7 @@ def largest_jump(losses: list[float], first: int = FIRST) -> tuple[int, float]:
 def train(steps: int) -> dict:
     from asteria_core.train.config_io import config_from_dict
     from asteria_core.train.trainer import Trainer
-    from backend.cli import SERVED_RUN
+    from backend.commands import SERVED_RUN
 
     config = copy.deepcopy(SERVED_RUN)
     config["train"].update(steps=steps, checkpoint_interval=0, out_dir=tempfile.mkdtemp())

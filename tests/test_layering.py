@@ -1,13 +1,17 @@
 """Dependencies point one way (issue 15), checked on the import graph read from the source.
 
-Every .py file under asteria_core/, backend/ and dashboard/ is parsed and every import in it is
-an edge, wherever it is written: at module level, inside a function, under `if TYPE_CHECKING:`,
-relative (resolved), or `importlib.import_module("a.literal")`. The rules:
+Every .py file under asteria/, asteria_core/, asteria_bench/, backend/ and dashboard/ is parsed
+and every import in it is an edge, wherever it is written: at module level, inside a function,
+under `if TYPE_CHECKING:`, relative (resolved), or `importlib.import_module("a.literal")`.
+The rules:
 
 - asteria_core never imports the control plane or the dashboard, nor their web stack.
 - dashboard never imports torch or asteria_core: it talks HTTP.
-- asteria_bench (`asteria bench`, which the CLI in backend loads) never imports the control
-  plane, the dashboard or the web stack: it measures a served run over HTTP, as a client.
+- asteria_bench (`asteria bench`, which the command table in asteria/cli.py loads) never imports
+  the control plane, the dashboard or the web stack: it measures a served run over HTTP, as a
+  client.
+- no product package (asteria_core, backend, dashboard) imports the benchmarks or the command
+  table (the `asteria` package, which sits above them all and dispatches to each).
 - inside asteria_core each subpackage (or top module) has a rank in `RANKS`; a module imports its
   own subpackage and lower ranks only (so two of one rank never import each other). The package
   root (asteria_core/__init__.py, the public API) re-exports runtime and what is below it, and
@@ -35,7 +39,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("asteria_core", "asteria_bench", "backend", "dashboard")
+PACKAGES = ("asteria", "asteria_core", "asteria_bench", "backend", "dashboard")
+PRODUCT = ("asteria_core", "backend", "dashboard")
 CORE = "asteria_core"
 
 CORE_FORBIDDEN = ("backend", "dashboard", "asteria_bench", "fastapi", "uvicorn", "starlette",
@@ -222,6 +227,13 @@ def bench_over_http(imports: list[Import]) -> Iterator[str]:
             yield f"{i}: asteria_bench measures the control plane over HTTP, it imports none of it"
 
 
+def product_below_bench(imports: list[Import]) -> Iterator[str]:
+    for i in imports:
+        if top(i.importer) in PRODUCT and top(i.imported) in ("asteria", "asteria_bench"):
+            yield (f"{i}: a product package imports neither the benchmarks nor the command "
+                   "table above it")
+
+
 def core_layers(imports: list[Import]) -> Iterator[str]:
     for i in imports:
         if top(i.importer) != CORE or top(i.imported) != CORE:
@@ -283,7 +295,8 @@ def core_cycles(imports: list[Import]) -> Iterator[str]:
 
 
 RULES = {rule.__name__: rule for rule in (core_no_web, dashboard_over_http, bench_over_http,
-                                          core_layers, optim_math, package_cycles, core_cycles)}
+                                          product_below_bench, core_layers, optim_math,
+                                          package_cycles, core_cycles)}
 
 
 def violations(imports: list[Import]) -> list[str]:
@@ -306,8 +319,8 @@ def test_the_import_graph_holds(imports, rule):
 def test_the_graph_is_read_from_every_module_function_level_imports_included(imports):
     importers = {i.importer for i in imports}
     assert {"asteria_core", "asteria_core.cli", "backend.app", "dashboard.app"} <= importers
-    assert Import("backend/cli.py", 0, "backend.cli", "backend.launch", "function") in \
-        {dataclasses.replace(i, line=0) for i in imports}, "the import inside _cmd_start"
+    assert Import("backend/commands.py", 0, "backend.commands", "backend.launch", "function") in \
+        {dataclasses.replace(i, line=0) for i in imports}, "the import inside cmd_start"
 
 
 # ----------------------------------------------------------------------------- the checker
@@ -365,8 +378,13 @@ def test_a_function_level_import_up_the_layers_is_reported(tmp_path):
      "closes a cycle"),
     ({"asteria_bench/suites/x.py": "from backend.app import create_app\n"},
      "[bench_over_http] asteria_bench/suites/x.py:1 asteria_bench.suites.x -> backend.app"),
+    ({"backend/x.py": "def f():\n    from asteria_bench import cli\n"},
+     "[product_below_bench] backend/x.py:2 backend.x -> asteria_bench (function)"),
+    ({"dashboard/x.py": "import asteria.cli\n"},
+     "[product_below_bench] dashboard/x.py:1 dashboard.x -> asteria.cli"),
 ], ids=["function-web", "import_module", "relative-TYPE_CHECKING", "root", "unranked",
-        "from-torch-import-distributed", "dashboard-torch", "package-cycle", "bench-backend"])
+        "from-torch-import-distributed", "dashboard-torch", "package-cycle", "bench-backend",
+        "backend-bench", "dashboard-command"])
 def test_each_rule_reports_its_edges(tmp_path, files, expected):
     found = violations(collect_imports(tree(tmp_path, files)))
     assert any(expected in v for v in found), found
@@ -391,7 +409,8 @@ def test_a_tree_that_keeps_the_rules_reports_nothing(tmp_path):
 
 FORBIDDEN_LOADED = {
     "asteria_core": ("fastapi", "uvicorn", "starlette", "streamlit", "pydantic", "backend",
-                     "dashboard"),
+                     "dashboard", "asteria_bench"),
+    "backend": ("asteria_bench",),
     "dashboard": ("torch", "asteria_core"),
     "asteria_bench": ("fastapi", "uvicorn", "starlette", "streamlit", "backend", "dashboard"),
 }

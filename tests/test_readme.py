@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import SERVED_RUN
+from backend.commands import SERVED_RUN
 from tests.backend.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -239,7 +239,7 @@ def telemetry_overhead(sizes: Sizes, opts: BenchOptions, result: SuiteResult) ->
 # ----------------------------------------------------------------------------- control plane
 def start_server(port: int, data_dir: str, layout: str, sizes: Sizes, device: str,
                  cpus: list[int], log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "backend.cli", "serve", "--no-banner", "--port", str(port),
+    cmd = [sys.executable, "-m", "asteria", "serve", "--no-banner", "--port", str(port),
            "--data-dir", data_dir, "--train.steps", "1000000", "--train.threads", "1",
            "--train.eval_interval", "100000", "--train.device", device, *sizes.server_args]
     if len(cpus) >= 2 and shutil.which("taskset"):

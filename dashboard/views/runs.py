@@ -17,8 +17,9 @@ MODELS = {"tiny (~30K params)": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block
 OPTIMIZERS = ("adamw", "soap", "shampoo", "kl_shampoo")
 RESUMABLE = ("paused", "stopped", "interrupted", "failed")
 DEFAULT_WATTS = 15.0
-"""The default run's energy estimate (backend/cli.py SERVED_RUN; tests/dashboard/test_defaults.py
-holds the two equal: the dashboard reaches the control plane over HTTP only)."""
+"""The default run's energy estimate (backend/commands.py SERVED_RUN;
+tests/dashboard/test_defaults.py holds the two equal: the dashboard reaches the control plane over
+HTTP only)."""
 
 
 def run_table(runs: list[dict[str, Any]]) -> None:

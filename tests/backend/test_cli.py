@@ -1,5 +1,6 @@
-"""The `asteria` command (backend.cli): the core's `train` and `config` with the control plane's
-`serve` and `start`; `start` and `serve` resolve their run on the product's default run."""
+"""The `asteria` command (asteria/cli.py, with backend/commands.py): the core's `train` and
+`config` with the control plane's `serve` and `start`; `start` and `serve` resolve their run on
+the product's default run."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import pytest
 import tomllib
 
 import backend.launch
+from asteria import cli
 from asteria_core import cli as core
 from asteria_core.train.config_docs import describe_keys
-from backend import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_console_entry_is_the_backend_cli():
+def test_the_console_entry_is_the_command_table():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"] == {"asteria": "backend.cli:main"}
+    assert pyproject["project"]["scripts"] == {"asteria": "asteria.cli:main"}
 
 
 def test_help_lists_every_command_in_order(capsys):
@@ -87,7 +88,7 @@ def test_help_says_how_overrides_work_lists_the_sections_and_names_keys(capsys, 
 
 
 def test_keys_prints_each_key_with_type_range_default_and_help():
-    proc = subprocess.run([sys.executable, "-m", "backend.cli", "keys", "optim", "policy"],
+    proc = subprocess.run([sys.executable, "-m", "asteria", "keys", "optim", "policy"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -98,10 +99,10 @@ def test_keys_prints_each_key_with_type_range_default_and_help():
         '"adamw"\n' in out
     assert "\n  policy.staleness_bound  an integer in [0, 1000000]; default 10\n      S: " in out
     assert "[model]" not in out and "[policy]" in out
-    every = subprocess.run([sys.executable, "-m", "backend.cli", "keys"], capture_output=True,
+    every = subprocess.run([sys.executable, "-m", "asteria", "keys"], capture_output=True,
                            text=True, timeout=120).stdout
     assert len(re.findall(r"^  \w+\.\w+  ", every, re.M)) == len(describe_keys())
-    bad = subprocess.run([sys.executable, "-m", "backend.cli", "keys", "optimizer"],
+    bad = subprocess.run([sys.executable, "-m", "asteria", "keys", "optimizer"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "unknown section 'optimizer'; allowed: model, optim, data" in bad.stderr
@@ -114,7 +115,7 @@ def test_a_mistyped_option_is_an_error_and_nothing_trains(tmp_path, typo, meant)
     run = tmp_path / "run.toml"
     run.write_text("[train]\nsteps = 1\n")
     typo = [str(run) if a == "RUN" else a for a in typo]
-    proc = subprocess.run([sys.executable, "-m", "backend.cli", "train", *typo, "--train.steps",
+    proc = subprocess.run([sys.executable, "-m", "asteria", "train", *typo, "--train.steps",
                            "1", "--train.out_dir", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr

@@ -39,7 +39,7 @@ def test_sigkill_mid_run_then_restart_shows_interrupted_and_resumes(server_facto
     port = free_port()
     env = {**os.environ, "ASTERIA_TOKEN": TOKEN, "ASTERIA_STORE_FLUSH_SECONDS": "0.1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "serve", "--port", str(port), "--data-dir",
+        [sys.executable, "-m", "asteria", "serve", "--port", str(port), "--data-dir",
          str(data_dir), *TINY_ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -82,7 +82,7 @@ def test_sigkill_mid_run_then_restart_shows_interrupted_and_resumes(server_facto
 def _serve(data_dir, port, *args):
     env = {**os.environ, "ASTERIA_TOKEN": TOKEN}
     return subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "serve", "--port", str(port), "--data-dir",
+        [sys.executable, "-m", "asteria", "serve", "--port", str(port), "--data-dir",
          str(data_dir), *TINY_ARGS, *args], env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
 

@@ -21,7 +21,7 @@ TINY = ["--model.n_embd", "32", "--model.n_head", "2", "--model.n_layer", "1",
 
 
 def bench(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "backend.cli", "bench", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "asteria", "bench", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 

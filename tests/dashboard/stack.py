@@ -131,11 +131,11 @@ def chromium() -> tuple[Path | None, str]:
 
 
 class Start:
-    """`python -m backend.cli start ARGS` (what `asteria start` runs) on given ports and data
+    """`python -m asteria start ARGS` (what `asteria start` runs) on given ports and data
     folder, its output collected as it comes."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "start", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "asteria", "start", *args],
                                      cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from backend.cli import SERVED_RUN
+from backend.commands import SERVED_RUN
 from tests.dashboard.stack import APP
 
 

@@ -46,7 +46,7 @@ def children(pid: int) -> dict[str, int]:
 
 
 class Launcher(Start):
-    """`python -m backend.cli start` (what `asteria start` runs), own ports and data folder."""
+    """`python -m asteria start` (what `asteria start` runs), own ports and data folder."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.api, self.ui = free_port(), free_port()
@@ -116,7 +116,7 @@ def test_a_busy_port_is_named(tmp_path):
         port = busy.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTERIA_")}
         env.update(ASTERIA_PORT=str(port), ASTERIA_DATA_DIR=str(tmp_path))
-        proc = subprocess.run([sys.executable, "-m", "backend.cli", "start"], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "asteria", "start"], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert f"port {port} for the control plane is in use; set ASTERIA_PORT" in proc.stderr

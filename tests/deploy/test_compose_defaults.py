@@ -1,6 +1,6 @@
 """docker-compose.yml's trainer trains `asteria start`'s default run unless told otherwise: the
-defaults of its ${ASTERIA_...:-default} settings are SERVED_RUN's (backend/cli.py), so the stack
-and the README's quick start run the same steps and the same energy estimate."""
+defaults of its ${ASTERIA_...:-default} settings are SERVED_RUN's (backend/commands.py), so the
+stack and the README's quick start run the same steps and the same energy estimate."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from backend.cli import SERVED_RUN
+from backend.commands import SERVED_RUN
 from tests.deploy.conftest import COMPOSE_FILE
 
 # The file as written (load_compose interpolates the variables, as Compose would).

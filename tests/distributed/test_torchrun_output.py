@@ -1,4 +1,4 @@
-"""What a terminal shows of `torchrun -m backend.cli train --control-port`: rank 0's progress
+"""What a terminal shows of `torchrun -m asteria train --control-port`: rank 0's progress
 line, with its log lines written above the bar and never into it; no line per HTTP request
 (rank 0 scraping rank 1's /metrics for GET /runs/{id}/ranks); the other ranks' routine lines
 (energy sources, the loss target reached with its energy) not at all. And /metrics: rank 0's is
@@ -57,7 +57,7 @@ def run(tmp_path_factory):
     base = free_pair()
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "backend.cli",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "asteria",
          "train", *TINY, "--train.out_dir", str(out), "--control-port", "0", "--metrics-port",
          str(base), "--data-dir", str(data)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # bytes: \r kept as is

@@ -1,5 +1,5 @@
 """The built-in trainer under torchrun (issue 17): `torchrun -m asteria_core.cli train` (and the
-`asteria` entry point, `backend.cli`) trains one data-parallel run on gloo: replicas identical
+`asteria` entry point, `asteria`) trains one data-parallel run on gloo: replicas identical
 at the end, rank 0 alone writing the run's records, a checkpoint per rank at one step, and a
 relaunch of the same command resuming exactly where an uninterrupted run ends."""
 
@@ -80,7 +80,7 @@ def straight(tmp_path_factory) -> tuple[Path, Path, str]:
     """The uninterrupted run, through the `asteria` entry point with the control plane on
     rank 0 and rank 1's /metrics (any free port, its Prometheus target in the data dir)."""
     out, data = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("data")
-    stdout, _ = finish(launch("backend.cli", out, "--control-port", "0", "--data-dir",
+    stdout, _ = finish(launch("asteria", out, "--control-port", "0", "--data-dir",
                               str(data)))
     return run_dir(out), data, stdout
 

@@ -13,7 +13,7 @@ from asteria_core.optim import SOAP, refresh_fn
 from asteria_core.optim.soap import EXP_AVG_SQ
 from asteria_core.train.config_io import config_from_dict
 from asteria_core.train.trainer import Trainer
-from backend.cli import SERVED_RUN
+from backend.commands import SERVED_RUN
 from tests.asteria_core.optim.problems import structured_grads
 
 

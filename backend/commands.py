@@ -1,24 +1,7 @@
-"""The `asteria` command.
-
-    asteria start                         # the product on the embedded default corpus
-    asteria start --resume                # continue the newest stopped run from its checkpoint
-    asteria train --config run.toml --optim.lr 3e-3 --train.steps 200
-    asteria config --config run.toml      # print the resolved config as TOML
-    asteria keys optim                    # every key of a section: type, range, default, help
-    asteria train --metrics-port 9400     # also serve Prometheus /metrics while training
-    asteria train --control-port 8000     # and the control plane, attached to the run
-    torchrun --nproc-per-node 2 -m backend.cli train --control-port 8000   # data-parallel
-    asteria serve --port 8000             # the control plane, with a default run
-    asteria bench all --quick             # every published number, measured (docs/benchmarks.md)
-
-Overrides are `--section.key value` (or `--section.key=value`) for any config key; an unknown
-key or a bad value stops the command before anything is built, naming the key.
+"""The control plane's commands in the `asteria` table (asteria/cli.py): `start`, `serve`, and
+`train --control-port`, which attaches the control plane to a run. The web stack loads only when
+one of them runs, so `asteria train` costs what the core's `train` costs.
 """
-
-# The console entry point lives here, above the core: `train` and `config` are the core's
-# (asteria_core.cli, which imports nothing from the control plane), `serve` and `start` run the
-# control plane and the dashboard. The web stack loads only when one of those two runs, so
-# `asteria train` costs what `python -m asteria_core.cli train` costs.
 
 from __future__ import annotations
 
@@ -40,7 +23,7 @@ SERVED_RUN = {
 }
 
 
-def _cmd_start(config: RunConfig, args: argparse.Namespace) -> int:
+def cmd_start(config: RunConfig, args: argparse.Namespace) -> int:
     from backend.launch import NEWEST, start
 
     if args.resume is not None and config != core.resolve_config(None, [], SERVED_RUN):
@@ -51,7 +34,7 @@ def _cmd_start(config: RunConfig, args: argparse.Namespace) -> int:
     return start(config, progress=not args.no_progress, resume=resume)
 
 
-def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
+def cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.app import create_app
@@ -68,7 +51,7 @@ def _cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
+def cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     """The core's `train`; with --control-port also the control plane, attached to the run
     (rank 0's in a data-parallel run: its PATCHes reach every rank at one step, its stop stops
     every rank, its /metrics is rank 0's), and every other rank's /metrics for Prometheus
@@ -111,23 +94,7 @@ def _serve_run(trainer, args: argparse.Namespace):
     return plane.close
 
 
-def _cmd_bench(config: RunConfig, args: argparse.Namespace) -> int:
-    from asteria_bench import cli as bench  # the suites load torch's models only when asked
-
-    return bench.run(args)
-
-
-COMMANDS: dict[str, core.Command] = {
-    "start": _cmd_start,
-    **{name: handler for name, (_, handler) in core.COMMANDS.items()},
-    "train": _cmd_train,
-    "serve": _cmd_serve,
-    "bench": _cmd_bench,
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser, sub = core.new_parser(__doc__)
+def add_start(sub) -> None:
     start = core.add_parser(sub, "start", "start the product on the embedded default corpus: "
                                           "the control plane training the default run, and the "
                                           "dashboard")
@@ -136,8 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue a stopped, interrupted or failed run from its checkpoint "
                             "(RUN: its id; default: the newest such run in the data folder), "
                             "with the config it was started with, instead of a new run")
-    core.add_commands(sub)
-    train = sub.choices["train"]
+
+
+def add_control_arguments(train: argparse.ArgumentParser) -> None:
+    """The core's `train` parser gets the control plane's options."""
     train.add_argument("--control-port", type=int, metavar="PORT",
                        help="also serve the control plane on PORT (0: any free port), attached "
                             "to this run, with its /metrics; under torchrun on rank 0, while "
@@ -147,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address for --control-port (default 127.0.0.1, or ASTERIA_HOST)")
     train.add_argument("--data-dir", help="the control plane's run store and token, and the "
                                           "ranks' Prometheus targets (default asteria-data)")
+
+
+def add_serve(sub) -> None:
     serve = core.add_parser(sub, "serve", "start the control plane (and a default run)")
     serve.epilog = core.overrides_help(SERVED_RUN)
     serve.add_argument("--config", help="config of the default run (TOML or YAML)")
@@ -157,18 +129,3 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start no run; start one with POST /runs")
     serve.add_argument("--no-banner", action="store_true",
                        help="print no address line (`asteria start` prints its own)")
-    bench = core.add_parser(sub, "bench", "run benchmark suites and render docs/benchmarks.md "
-                                          "and the README's performance section from them")
-    from asteria_bench.cli import add_arguments
-
-    add_arguments(bench)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    return core.run(build_parser(), argv, COMMANDS,
-                    bases={"start": SERVED_RUN, "serve": SERVED_RUN})
-
-
-if __name__ == "__main__":
-    sys.exit(main())
