@@ -11,7 +11,7 @@ them alike:
   Asteria-SOAP: the same optimizer, refresh on one host worker thread, d = S = 10;
   native and Asteria SOAP at the block size recommended for large models (BLOCK, 1024), where
       the size has a factor wider than it (below, the two configurations are one optimizer).
-Each size runs in two arrangements (ARRANGEMENT_TEXT): "shared", where training's two threads
+Each size runs in two arrangements (turns.ARRANGEMENTS): "shared", where training's two threads
 and the host worker share both cores (this machine as it is), and "device-host", a stand-in for
 a GPU and its host: every arm trains on core 0 with one thread, Asteria's worker refreshes on
 core 1, native SOAP refreshes inline on core 0 as it does on a GPU.
@@ -33,12 +33,9 @@ the same whatever the batch, so its overhead over AdamW falls as the tokens per 
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import statistics
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,41 +135,6 @@ def arms(rung: Rung | None = None) -> list[Arm]:
     return out
 
 
-# ------------------------------------------------------------------------------- arrangements
-ARRANGEMENTS = ("shared", "device-host")
-ARRANGEMENT_TEXT = {
-    "shared": "training with 2 threads; the host worker shares both cores with it",
-    "device-host": "a stand-in for a device and its host: training pinned to core 0 with one "
-                   "thread for every arm (the 'device'), Asteria's worker pinned to core 1 (the "
-                   "'host'), native SOAP refreshing inline on core 0 as on a GPU",
-}
-
-
-def arranged_config(arm: Arm, arrangement: str) -> turns.Config:
-    """The arm's config with the arrangement's overrides last (they win)."""
-    if arrangement == "shared":
-        return arm.config
-    device, host = sorted(os.sched_getaffinity(0))[:2]
-    extra = ["--train.threads", "1", "--train.cpus", str(device)]
-    if arm.asteria:
-        extra += ["--train.worker_cpus", str(host)]
-    return replace(arm.config, args=[*arm.config.args, *extra])
-
-
-@contextmanager
-def arranged(arrangement: str) -> Iterator[None]:
-    """Give the calling thread its CPUs back afterwards: `train.cpus` pins the thread that
-    builds a trainer, and every arm is built and trained on this one."""
-    cpus = os.sched_getaffinity(0)
-    if arrangement != "shared" and len(cpus) < 2:
-        raise RuntimeError(f"the {arrangement} arrangement needs 2 CPUs; this process has "
-                           f"{len(cpus)}")
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, cpus)
-
-
 # ------------------------------------------------------------------------------------ measuring
 def state_bytes(optimizer) -> dict[str, int]:
     """Optimizer-state bytes by kind: moments, factors, bases, other."""
@@ -210,9 +172,9 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
     peak RSS with all of them resident."""
     steps = rung.turns * INTERVAL
     reset_peak_rss()
-    with arranged(arrangement):
-        contenders = [turns.build(arranged_config(arm, arrangement), steps, out_dir / arm.key,
-                                  rung.args()) for arm in chosen]
+    with turns.main_thread_cpus():
+        contenders = [turns.build(turns.arranged(arm.config, arrangement), steps,
+                                  out_dir / arm.key, rung.args()) for arm in chosen]
         clocks = [SwapClock(c.trainer.optimizer) for c in contenders]
         with progress(steps * len(contenders), f"scale {rung.name}, {arrangement}",
                       opts) as bar:
@@ -303,14 +265,14 @@ def run(opts: BenchOptions) -> SuiteResult:
                          config={"ladder": [asdict(r) for r in ladder], "interval": INTERVAL,
                                  "staleness_bound": BOUND, "block": BLOCK,
                                  "arms": [{"key": a.key, **asdict(a.config)} for a in arms()],
-                                 "arrangements": ARRANGEMENT_TEXT,
+                                 "arrangements": turns.ARRANGEMENTS,
                                  "warmup_turns": turns.WARMUP_TURNS,
                                  "vocab": "bytes (256)"})
     by_size: list[dict[str, Any]] = []
     root = opts.out_dir / ".scale-runs"
     for rung in ladder:
         size: dict[str, Any] = {"size": rung.name, "runs": {}, "peak_rss_bytes": {}}
-        for arrangement in ARRANGEMENTS:
+        for arrangement in turns.ARRANGEMENTS:
             runs, peak = train_arms(rung, arms(rung), arrangement, opts,
                                     root / rung.name.replace(" ", "") / arrangement)
             size["params"] = runs[0]["params"]

@@ -8,6 +8,7 @@ import json
 import math
 import os
 
+from asteria_bench import turns
 from asteria_bench.suites import SUITES, load, scale
 from tests.bench.test_suites_small import check_common, finite_positive, options
 
@@ -32,8 +33,8 @@ def test_the_scale_suite_fits_every_figure_over_a_ladder_of_sizes(tmp_path, monk
     runs = data["runs"]
     arms = ["adamw", "native", "asteria"]
     assert [(r["arrangement"], r["arm"]) for r in runs] == [
-        *((a, k) for a in scale.ARRANGEMENTS for k in arms),
-        *((a, k) for a in scale.ARRANGEMENTS for k in [*arms, "native_block", "asteria_block"])]
+        *((a, k) for a in turns.ARRANGEMENTS for k in arms),
+        *((a, k) for a in turns.ARRANGEMENTS for k in [*arms, "native_block", "asteria_block"])]
     sizes = sorted({r["params"] for r in runs})
     assert len(sizes) == 2  # two sizes, each arm with the same model
     for r in runs:
