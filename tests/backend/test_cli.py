@@ -30,9 +30,9 @@ def test_help_lists_every_command_in_order(capsys):
         cli.main(["--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: asteria [-h] {start,train,config,keys,serve,bench} ...")
+    assert out.startswith("usage: asteria [-h] {start,train,config,keys,plan,serve,bench} ...")
     assert "asteria serve --port 8000" in out
-    assert set(cli.COMMANDS) == {"start", "train", "config", "keys", "serve", "bench"}
+    assert set(cli.COMMANDS) == {"start", "train", "config", "keys", "plan", "serve", "bench"}
     assert "asteria bench all --quick" in out
 
 
@@ -69,7 +69,7 @@ def test_the_core_module_alone_has_no_control_plane_commands():
     proc = subprocess.run([sys.executable, "-m", "asteria_core.cli", "serve"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "invalid choice: 'serve' (choose from 'train', 'config', 'keys')" in proc.stderr
+    assert "invalid choice: 'serve' (choose from 'train', 'config', 'keys', 'plan')" in proc.stderr
 
 
 @pytest.mark.parametrize("command", ["train", "config", "start", "serve"])
