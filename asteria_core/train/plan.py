@@ -36,7 +36,7 @@ from asteria_core.policy import Policy
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
 from asteria_core.train.config import RunConfig
-from asteria_core.train.refresh_cost import RefreshCost
+from asteria_core.train.refresh_cost import MEASURE_CAP, RefreshCost, calibrate
 from asteria_core.validation import ConfigError, finite_in
 
 HEADROOM = 0.8
@@ -291,27 +291,47 @@ def plan_run(config: RunConfig, *, step_seconds: float, headroom: float = HEADRO
              calibration=None, recalibrate: bool = False) -> RunPlan:
     """The plan of `config` at `step_seconds` a step, calibrating what the cache at
     `calibration` (a Path, or None: no cache) lacks."""
-    from asteria_core.train.refresh_cost import calibrate
-
     policy = config.policy
     check_inputs(step_seconds, policy.refresh_interval, policy.staleness_bound, headroom)
     shape = run_shape(config)
     mem = memory(shape, policy)  # a budget that cannot be met fails before any measuring
+    cost, measured_now = shape_cost(shape, policy.worker_threads, calibration=calibration,
+                                    recalibrate=recalibrate)
+    prediction = predict(shape.sizes, cost, step_seconds=step_seconds,
+                         interval=policy.refresh_interval, bound=policy.staleness_bound,
+                         delay=policy.delay, headroom=headroom)
+    return RunPlan(config, shape, prediction, mem, measured_now,
+                   str(calibration or ""))
+
+
+def shape_cost(shape: RunShape, threads: int, *, calibration=None, recalibrate: bool = False,
+               cap: int = MEASURE_CAP) -> tuple[RefreshCost, list[int]]:
+    """The refresh cost of every block side of `shape` (each side with its own blocks' refresh
+    config), and the sides measured just now."""
     measured: dict[int, float] = {}
     estimates: dict[int, float] = {}
     measured_now: list[int] = []
     for refresh_config in dict.fromkeys(shape.configs.values()):  # one per kind of refresh
         sizes = [b for b in set(shape.sizes) if shape.configs[b] == refresh_config]
-        cost, now = calibrate(sizes, refresh_config, policy.worker_threads, path=calibration,
-                              recalibrate=recalibrate)
+        cost, now = calibrate(sizes, refresh_config, threads, path=calibration,
+                              recalibrate=recalibrate, cap=cap)
         for b in sizes:
             (estimates if cost.is_estimate(b) else measured)[b] = cost.seconds(b)
         measured_now += now
-    prediction = predict(shape.sizes, RefreshCost(measured, estimates),
-                         step_seconds=step_seconds, interval=policy.refresh_interval,
-                         bound=policy.staleness_bound, delay=policy.delay, headroom=headroom)
-    return RunPlan(config, shape, prediction, mem, sorted(set(measured_now)),
-                   str(calibration or ""))
+    return RefreshCost(measured, estimates), sorted(set(measured_now))
+
+
+def predict_optimizer(opt: BlockPreconditioner, policy: Policy, *, step_seconds: float,
+                      calibration=None, cap: int = MEASURE_CAP,
+                      headroom: float = HEADROOM) -> Prediction:
+    """The plan's prediction for a built optimizer (the scale suite's: its measured step time
+    in, the predicted round work `round_work_s` and `duty(workers)` out, to hold against the
+    engine's measured ones). Sides up to `cap` are measured now (or read from `calibration`)."""
+    shape = shape_of(opt)
+    cost, _ = shape_cost(shape, policy.worker_threads, calibration=calibration, cap=cap)
+    return predict(shape.sizes, cost, step_seconds=step_seconds,
+                   interval=policy.refresh_interval, bound=policy.staleness_bound,
+                   delay=policy.delay, headroom=headroom)
 
 
 def _bytes(n: int) -> str:

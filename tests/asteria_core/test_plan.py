@@ -18,7 +18,7 @@ from asteria_core.policy import PolicyError
 from asteria_core.tiers.lifecycle import leaves
 from asteria_core.train.model import GPT
 from asteria_core.train.optimizers import optimizer_from_config
-from asteria_core.train.plan import memory, predict, run_shape
+from asteria_core.train.plan import memory, predict, predict_optimizer, run_shape
 from asteria_core.train.refresh_cost import RefreshCost, calibrate
 from asteria_core.validation import ConfigError
 
@@ -57,6 +57,21 @@ def test_the_plan_has_the_optimizers_blocks_and_state():
     assert mem.state["device"] == real_bytes
     params = [p for group in opt.param_groups for p in group["params"]]
     assert shape.parameters == sum(p.numel() for p in params)
+
+
+def test_the_suites_entry_point_predicts_for_a_built_optimizer(tmp_path):
+    """What the scale suite calls with its measured step time: the prediction for the
+    optimizer it trained, its blocks read from that optimizer."""
+    config = resolve_config(None, SMALL)
+    opt = trained_optimizer(config)
+    p = predict_optimizer(opt, config.policy, step_seconds=0.05, cap=32,
+                          calibration=tmp_path / "cal.json")
+    sizes = [b.size for b in opt.refresh_blocks()]
+    assert sorted(g.size for g in p.groups) == sorted(set(sizes))
+    assert sum(g.blocks for g in p.groups) == len(sizes)
+    assert p.round_work_s == pytest.approx(sum(g.seconds * g.blocks for g in p.groups))
+    assert p.duty(1) == pytest.approx(p.round_work_s / (config.policy.refresh_interval * 0.05))
+    assert not p.estimated  # every side here is at most the cap: all measured
 
 
 def test_memory_follows_the_tier_settings():
