@@ -33,7 +33,8 @@ def test_the_hf_row_trains_gpt2_through_the_integration_with_records_and_metrics
     assert row["hf_logs_with_asteria_figures"] == row["hf_logs"]
     assert all(math.isfinite(loss) for loss in row["loss"])
 
-    # Refreshes on the worker under the bound: the round from step 10 swapped in at step 20.
+    # Refreshes on the worker under the bound: the first round (the bases of step 1) is
+    # swapped in at step 11; the next one (step 11) is swapped at 21, after the run.
     assert row["blocks"] > 0 and row["refreshes"] == row["blocks"]
     assert row["refresh_failures"] == 0
     assert 0 < row["staleness_max"] <= row["staleness_bound"] == scale_hf.BOUND
