@@ -341,7 +341,8 @@ def _cmd_plan(config: RunConfig, args: argparse.Namespace) -> int:
     calibration = None if args.no_cache else Path(args.calibration or default_cache_path())
     try:
         planned = plan_run(config, step_seconds=args.step_seconds, headroom=args.headroom,
-                           calibration=calibration, recalibrate=args.recalibrate)
+                           calibration=calibration, recalibrate=args.recalibrate,
+                           cap=args.measure_up_to)
     except (ConfigError, PolicyError) as err:
         print(f"asteria: config error: {err}", file=sys.stderr)
         return 2
@@ -359,6 +360,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration", metavar="FILE",
                         help="the refresh-cost measurements to use and extend (default "
                              "$XDG_CACHE_HOME/asteria/refresh-cost.json)")
+    parser.add_argument("--measure-up-to", type=int, default=1024, metavar="B",
+                        help="measure refreshes of block sides up to B, in [1, 65536] (default "
+                             "1024); wider ones are extrapolated as b^3 and marked as estimates "
+                             "(one 3072-wide refresh takes seconds on a core)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure again, ignoring what the calibration file holds")
     parser.add_argument("--no-cache", action="store_true",

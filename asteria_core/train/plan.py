@@ -37,11 +37,12 @@ from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
 from asteria_core.train.config import RunConfig
 from asteria_core.train.refresh_cost import MEASURE_CAP, RefreshCost, calibrate
-from asteria_core.validation import ConfigError, finite_in
+from asteria_core.validation import ConfigError, finite_in, int_in
 
 HEADROOM = 0.8
 """Default target: duty at most 0.8, so a slower step or a busier host still keeps up."""
 MAX_STEP_SECONDS = 86_400.0
+MAX_SIDE = 65536  # optim.precond_block_size's and max_precond_dim's upper limit
 TIERS = ("device", "host", "disk")
 
 
@@ -288,15 +289,16 @@ class RunPlan:
 
 
 def plan_run(config: RunConfig, *, step_seconds: float, headroom: float = HEADROOM,
-             calibration=None, recalibrate: bool = False) -> RunPlan:
+             calibration=None, recalibrate: bool = False, cap: int = MEASURE_CAP) -> RunPlan:
     """The plan of `config` at `step_seconds` a step, calibrating what the cache at
-    `calibration` (a Path, or None: no cache) lacks."""
+    `calibration` (a Path, or None: no cache) lacks; sides over `cap` are extrapolated."""
     policy = config.policy
     check_inputs(step_seconds, policy.refresh_interval, policy.staleness_bound, headroom)
+    int_in("measure_up_to", cap, 1, MAX_SIDE)
     shape = run_shape(config)
     mem = memory(shape, policy)  # a budget that cannot be met fails before any measuring
     cost, measured_now = shape_cost(shape, policy.worker_threads, calibration=calibration,
-                                    recalibrate=recalibrate)
+                                    recalibrate=recalibrate, cap=cap)
     prediction = predict(shape.sizes, cost, step_seconds=step_seconds,
                          interval=policy.refresh_interval, bound=policy.staleness_bound,
                          delay=policy.delay, headroom=headroom)
@@ -353,7 +355,8 @@ def render(run: RunPlan) -> str:
         "training",
         f"refresh cost: one worker with {c.policy.worker_threads} thread(s), measured on this "
         "host" + (f" (kept in {run.calibration})" if run.calibration else "")
-        + "; * = estimate (interpolated or extrapolated as b^3)",
+        + "; * = estimate (interpolated, or extrapolated as b^3 above the widest measured side: "
+        "--measure-up-to measures wider ones)",
         "",
         "blocks by size",
         f"  {'size':>6} {'blocks':>7} {'s per refresh':>14} {'worker-s per round':>19}",

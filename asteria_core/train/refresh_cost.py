@@ -39,9 +39,12 @@ from asteria_core.validation import ConfigError
 
 MEASURE_CAP = 1024
 """Widest block measured; wider ones are extrapolated (a 4096 refresh takes seconds on a core)."""
-MIN_RUNS, MAX_RUNS, RUN_BUDGET_S = 3, 9, 0.3
-"""Per dim: at least MIN_RUNS timed refreshes (after one warm-up), more while under the budget;
+MIN_RUNS, MAX_RUNS, RUN_BUDGET_S, WIDE_BUDGET_S = 3, 9, 0.3, 2.0
+"""Per dim: timed refreshes until MAX_RUNS or RUN_BUDGET_S seconds, and at least MIN_RUNS
+unless they took WIDE_BUDGET_S already (a 3072-wide refresh takes seconds: one or two runs);
 the median is kept."""
+WARM_UP_SIDE = 64
+"""One refresh of this side first warms the worker's BLAS and allocator up."""
 CUBIC = 3.0
 """Exponent of the extrapolation above the widest measured dim (eigh, QR and products are b^3)."""
 
@@ -127,14 +130,18 @@ def warm_snapshot(b: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> 
 def measure(dims: Iterable[int], config: RefreshConfig, threads: int = 1) -> dict[int, float]:
     """b -> median seconds of `checked_refresh(refresh_fn)` on one thread worker with `threads`
     intra-op threads, as the engine's workers run it."""
+    dims = sorted(set(dims))
+    if not dims:
+        return {}
     pool = make_pool("thread", 1, partial(checked_refresh, refresh_fn), threads, 0)
     out: dict[int, float] = {}
     try:
-        for b in sorted(set(dims)):
+        _run(pool, warm_snapshot(WARM_UP_SIDE), config)
+        for b in dims:
             snapshot = warm_snapshot(b)
-            runs: list[float] = []
-            _run(pool, snapshot, config)  # warm-up: allocator, BLAS buffers
-            while len(runs) < MIN_RUNS or (len(runs) < MAX_RUNS and sum(runs) < RUN_BUDGET_S):
+            runs = [_run(pool, snapshot, config)]
+            while len(runs) < MAX_RUNS and (sum(runs) < RUN_BUDGET_S or (
+                    len(runs) < MIN_RUNS and sum(runs) < WIDE_BUDGET_S)):
                 runs.append(_run(pool, snapshot, config))
             out[b] = statistics.median(runs)
     finally:

@@ -184,6 +184,8 @@ def test_the_command_prints_a_plan_and_its_json(tmp_path):
     (["--step-seconds", "1", "--policy.offload_mode", "disk",
       "--policy.device_budget_bytes", "10"], "device_budget_bytes: got 10; allowed:"),
     (["--step-seconds", "1", "--policy.staleness_bound", "-3"], "staleness_bound"),
+    (["--step-seconds", "1", "--measure-up-to", "0"],
+     "measure_up_to: got 0; allowed: an integer in [1, 65536]"),
     ([], "the following arguments are required: --step-seconds"),
 ])
 def test_the_command_refuses_bad_input_naming_the_field(tmp_path, args, message):
