@@ -46,7 +46,9 @@ from asteria_bench.clocks import SwapClock, peak_rss_bytes, reset_peak_rss
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
+from asteria_bench.suites.scale_hf import hf_row
 from asteria_core.tiers.lifecycle import leaves
+from asteria_core.train.plan import predict_optimizer
 
 TITLE = "Scale: how each cost grows with the model"
 INTERVAL = turns.INTERVAL
@@ -188,6 +190,8 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
             kinds = state_bytes(c.trainer.optimizer)
             run = turns.summary(c)  # closes the trainer
             steady = run["step_ms"][run["warmup_steps"]:]
+            if arm.asteria:
+                run["plan"] = plan_check(c, statistics.fmean(steady) / 1e3)
             run.update(arm=arm.key, arrangement=arrangement, rung=asdict(rung), size=rung.name,
                        state_bytes=kinds, state_bytes_total=sum(kinds.values()),
                        spike_max=spike_max(run),
@@ -198,6 +202,15 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
                        **refresh_figures(c, steady))
             runs.append(run)
     return runs, peak
+
+
+def plan_check(c: turns.Contender, step_seconds: float) -> dict[str, Any]:
+    """`asteria plan`'s prediction for the optimizer this arm trained, at its measured step time
+    (the refresh cost of each block side measured on this host, or read from its cache)."""
+    prediction = predict_optimizer(c.trainer.optimizer, c.trainer.runtime.policy.current,
+                                   step_seconds=step_seconds)
+    return {"round_work_s": prediction.round_work_s, "duty": prediction.duty(1),
+            "estimated": prediction.estimated}
 
 
 def tokens_axis(opts: BenchOptions, out_dir: Path) -> list[dict[str, Any]]:
@@ -283,6 +296,8 @@ def run(opts: BenchOptions) -> SuiteResult:
         by_size.append(size)
     result.config["tokens_axis"] = tokens_axis(opts, root / "tokens")
     result.save(opts.out_dir)
+    result.config["hf_row"] = hf_row(opts)
+    result.save(opts.out_dir)
     shutil.rmtree(root, ignore_errors=True)
     summarize(result, by_size, opts)
     result.save(opts.out_dir)
@@ -345,6 +360,37 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
         tokens.add(row["size"], row["params"], row["batch"], row["tokens_per_step"],
                    round(row["adamw_mean_ms"], 1), round(row["asteria_mean_ms"], 1),
                    f"{100 * row['overhead']:.0f}%")
+    planned = result.table(
+        "asteria plan against the ladder: one round's refresh work, predicted and measured",
+        ["size", "params", "arrangement", "SOAP", "predicted s", "measured s", "error",
+         "predicted duty", "measured duty"],
+        note="predicted: `asteria plan`'s refresh cost per block side, measured on this host by "
+             "its calibration (wider sides extrapolated, an estimate), times the blocks, at the "
+             "arm's measured step time; measured: the engine's mean refresh time times the "
+             "blocks.")
+    for size in by_size:
+        for arrangement, runs in size["runs"].items():
+            for key, (_, soap) in soaps.items():
+                r = runs.get(key)
+                if not r or "plan" not in r or not r.get("round_work_s"):
+                    continue
+                planned.add(size["size"], size["params"], arrangement, soap,
+                            round(r["plan"]["round_work_s"], 3), round(r["round_work_s"], 3),
+                            f"{100 * plan_error(r):+.0f}%"
+                            + (" (estimate)" if r["plan"]["estimated"] else ""),
+                            round(r["plan"]["duty"], 3), round(r["refresh_duty"], 3))
+    hf = result.config.get("hf_row")
+    if hf:
+        result.table(f"A Hugging Face architecture: {hf['model']} through "
+                     "asteria_core.integrations.hf (HF Trainer)",
+                     ["params", "tokens/step", "steps", "p50 ms", "mean ms", "p99 ms", "blocks",
+                      "duty", "staleness max / S", "state MB", "peak RSS MB", "records",
+                      "metrics exported"]).add(
+            hf["params"], hf["tokens_per_step"], hf["steps"], round(hf["p50_ms"], 1),
+            round(hf["mean_ms"], 1), round(hf["p99_ms"], 1), hf["blocks"],
+            round(hf["refresh_duty"] or 0.0, 3), f"{hf['staleness_max']} / {hf['staleness_bound']}",
+            round(hf["state_bytes_total"] / 2**20, 1), round((hf["peak_rss_bytes"] or 0) / 2**20),
+            hf["records"], hf["metrics_exported"])
     fits = result.table("How each figure grows: y = a N^k fitted on log-log axes (N: parameters)",
                         ["figure", "k", "a", "sizes"])
     fitted = {}
@@ -362,13 +408,21 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
     _conclude(result, by_size, fitted)
 
 
+def plan_error(run: dict[str, Any]) -> float:
+    """The plan's relative error on one round's refresh work: predicted / measured - 1."""
+    return run["plan"]["round_work_s"] / run["round_work_s"] - 1
+
+
 def _conclude(result: SuiteResult, by_size: list[dict[str, Any]], fitted: dict) -> None:
     largest = by_size[-1]
     for arrangement, runs in largest["runs"].items():
         ratio = runs["asteria"]["mean_ms"] / runs["native"]["mean_ms"]
-        result.quote(f"asteria_over_native_largest_{arrangement.replace('-', '_')}", ratio,
-                     f"at {largest['size']} ({largest['params'] / 1e6:.1f}M parameters), "
-                     f"{arrangement}, Asteria-SOAP's mean step is {{value:.2f}}x native SOAP's")
+        text = (f"at {largest['size']} ({largest['params'] / 1e6:.1f}M parameters), "
+                f"{arrangement}, Asteria-SOAP's mean step is {{value:.2f}}x native SOAP's")
+        if arrangement == "device-host":  # the headline: the arrangement a GPU host stands for
+            result.quote("asteria_over_native_largest", ratio, text)
+        else:
+            result.findings.append(text.format(value=ratio) + ".")
     if "asteria_step_ms" in fitted:
         result.quote("asteria_step_exponent", fitted["asteria_step_ms"]["exponent"],
                      "Asteria-SOAP's step time grows as N^{value:.2f} with the parameters N")
@@ -399,6 +453,26 @@ def _conclude(result: SuiteResult, by_size: list[dict[str, Any]], fitted: dict) 
                f"({under[0]['tokens_per_step']} tokens per step)." if under else
                f"; it stays above {100 * OVERHEAD_TARGET:.0f}% up to "
                f"{tokens[-1]['tokens_per_step']} tokens per step."))
+    checked = [r for size in by_size for runs in size["runs"].values() for r in runs.values()
+               if "plan" in r and r.get("round_work_s")]
+    if checked:
+        worst = max(checked, key=lambda r: abs(plan_error(r)))
+        within = sum(abs(plan_error(r)) <= 0.25 for r in checked)
+        result.quote("plan_worst_error", abs(plan_error(worst)),
+                     "`asteria plan` predicts a round's refresh work within {value:.0%} of the "
+                     "measured one at every size and arrangement of the ladder")
+        result.findings.append(
+            f"asteria plan: {within} of {len(checked)} predictions of a round's refresh work "
+            f"within 25% of the measured one; the worst, {100 * plan_error(worst):+.0f}%, at "
+            f"{worst['size']} ({worst['arrangement']}, {worst['label']}).")
+    hf = result.config.get("hf_row")
+    if hf:
+        result.findings.append(
+            f"{hf['model']} at {hf['params'] / 1e6:.0f}M parameters trained {hf['steps']} steps "
+            f"through HF's Trainer with Asteria-SOAP: mean step {hf['mean_ms'] / 1e3:.2f} s, "
+            f"{hf['records']} step records, staleness {hf['staleness_max']} of S = "
+            f"{hf['staleness_bound']}, refresh duty {hf['refresh_duty'] or 0:.2f}, "
+            f"/metrics {'scraped while it trained' if hf['metrics_exported'] else 'NOT seen'}.")
     for key, fit in fitted.items():
         result.findings.append(f"{key}: fitted exponent {fit['exponent']:.2f} over "
                                f"{fit['points']} sizes.")

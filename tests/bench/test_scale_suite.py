@@ -52,6 +52,7 @@ def test_the_scale_suite_fits_every_figure_over_a_ladder_of_sizes(tmp_path, monk
             assert r["refreshes"] > 0 and r["failures"] == 0
     for r in (r for r in runs if r["arm"].startswith("asteria")):
         assert 0 < r["staleness_max"] <= r["staleness_bound"] == scale.BOUND
+        assert finite_positive(r["plan"]["round_work_s"]) and finite_positive(r["plan"]["duty"])
         assert r["refresh_wait_ms_per_step"] >= 0 and r["swap_ms_per_step"] >= 0
     # The block arm splits the wide factors: more blocks than the references' defaults.
     larger = [r for r in runs if r["params"] == sizes[1] and r["arrangement"] == "shared"]
@@ -74,3 +75,7 @@ def test_the_scale_suite_fits_every_figure_over_a_ladder_of_sizes(tmp_path, monk
     assert any(t.startswith("How each figure grows") for t in titles)
     assert any(t.startswith("Asteria-SOAP against native SOAP") for t in titles)
     assert any(t.startswith("SOAP's overhead over AdamW") for t in titles)
+    assert any(t.startswith("asteria plan against the ladder") for t in titles)
+    hf = data["config"]["hf_row"]
+    assert hf["model"] == "GPT2LMHeadModel" and hf["records"] == hf["steps"] > 0
+    assert any(t.startswith("A Hugging Face architecture") for t in titles)
