@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     return core.run(build_parser(), argv, COMMANDS,
-                    bases={"start": control.SERVED_RUN, "serve": control.SERVED_RUN})
+                    bases={**core.BASES, "start": control.SERVED_RUN,
+                           "serve": control.SERVED_RUN})
 
 
 if __name__ == "__main__":

@@ -443,7 +443,7 @@ def add_commands(sub: Any) -> None:
             parser.add_argument("sections", nargs="*", metavar="SECTION",
                                 help="only these sections (default: all)")
         elif name == "plan":  # resolves a run config, but runs nothing
-            parser.epilog = overrides_help()
+            parser.epilog = overrides_help(BASES["plan"])
             parser.add_argument("--config", help="a TOML or YAML config file")
             add_plan_arguments(parser)
         else:
@@ -487,8 +487,14 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None,
     return commands[args.command](config, args)
 
 
+# The commands' own defaults under the config file and the overrides: a plan is for a
+# second-order optimizer (the train default, AdamW, has no refresh to plan).
+BASES: dict[str, dict] = {"plan": {"optim": {"name": "soap"}}}
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser(), argv, {name: handler for name, (_, handler) in COMMANDS.items()})
+    return run(build_parser(), argv, {name: handler for name, (_, handler) in COMMANDS.items()},
+               bases=BASES)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,15 @@ def test_the_command_prints_a_plan_and_its_json(tmp_path):
     assert "memory per tier" in text.stdout
 
 
+def test_a_plan_is_for_soap_unless_told_otherwise(tmp_path):
+    """The train default (AdamW) has nothing to plan: `asteria plan` starts from SOAP."""
+    assert SMALL[:2] == ["--optim.name", "soap"]
+    run = asteria_plan(*SMALL[2:], "--step-seconds", "0.02", "--calibration",
+                       str(tmp_path / "cal.json"), "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["refresh"]["round_work_s"] > 0
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--step-seconds", "0"], "step_seconds: got 0.0; allowed: a number in (0.0, 86400.0]"),
     (["--step-seconds", "1", "--headroom", "-1"], "headroom: got -1.0; allowed: a number in"),
