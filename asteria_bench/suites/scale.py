@@ -148,17 +148,31 @@ def state_bytes(optimizer) -> dict[str, int]:
     return kinds
 
 
-def refresh_figures(c: turns.Contender, steps_ms: list[float]) -> dict[str, Any]:
-    """One round's refresh work against one interval's training time: the refresh duty."""
+def refresh_work(c: turns.Contender) -> tuple[float, int]:
+    """(worker seconds, refreshes) the arm's engine has done so far; (0, 0) without one."""
+    engine = c.trainer.runtime.refresh
+    return (engine.work_seconds, engine.refreshes) if engine is not None else (0.0, 0)
+
+
+def refresh_figures(c: turns.Contender, steps_ms: list[float],
+                    warm: tuple[float, int]) -> dict[str, Any]:
+    """One round's refresh work against one interval's training time: the refresh duty. The
+    round is the mean refresh after the warm-up turns (`warm`: the work done by then; the first
+    round, each block's eigendecomposition from scratch, costs more than the steady refresh)
+    times the blocks."""
     engine = c.trainer.runtime.refresh
     if engine is None or not engine.refreshes:
         return {}
+    work, refreshes = engine.work_seconds - warm[0], engine.refreshes - warm[1]
+    if refreshes <= 0:  # none after the warm-up (a short run): the mean over all of them
+        work, refreshes = engine.work_seconds, engine.refreshes
     blocks = len(engine.blocks)
-    round_s = engine.work_seconds / engine.refreshes * blocks
+    round_s = work / refreshes * blocks
     interval_s = INTERVAL * statistics.fmean(steps_ms) / 1e3
     return {"blocks": blocks, "refreshes": engine.refreshes, "work_s": engine.work_seconds,
-            "round_work_s": round_s, "interval_train_s": interval_s,
-            "refresh_duty": round_s / interval_s, "failures": engine.failures}
+            "steady_refreshes": refreshes, "round_work_s": round_s,
+            "interval_train_s": interval_s, "refresh_duty": round_s / interval_s,
+            "failures": engine.failures}
 
 
 def spike_max(run: dict[str, Any]) -> float:
@@ -180,13 +194,16 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
         clocks = [SwapClock(c.trainer.optimizer) for c in contenders]
         with progress(steps * len(contenders), f"scale {rung.name}, {arrangement}",
                       opts) as bar:
-            for _ in range(rung.turns):
+            warm = [(0.0, 0)] * len(contenders)
+            for turn in range(rung.turns):
+                if turn == turns.WARMUP_TURNS:
+                    warm = [refresh_work(c) for c in contenders]
                 for c in contenders:
                     c.turn(INTERVAL)
                     bar.update(INTERVAL)
         peak = peak_rss_bytes()
         runs = []
-        for arm, c, clock in zip(chosen, contenders, clocks, strict=True):
+        for arm, c, clock, done in zip(chosen, contenders, clocks, warm, strict=True):
             kinds = state_bytes(c.trainer.optimizer)
             run = turns.summary(c)  # closes the trainer
             steady = run["step_ms"][run["warmup_steps"]:]
@@ -199,16 +216,20 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
                        refresh_wait_ms_per_step=1e3 * run["idle_s"].get("refresh_wait", 0.0)
                        / len(run["step_ms"]),
                        staleness_bound=BOUND if arm.asteria else None,
-                       **refresh_figures(c, steady))
+                       **refresh_figures(c, steady, done))
             runs.append(run)
     return runs, peak
+
+
+MEASURE_UP_TO = 4096
+"""The plan measures every block side of the ladder (up to 3072) rather than extrapolating."""
 
 
 def plan_check(c: turns.Contender, step_seconds: float) -> dict[str, Any]:
     """`asteria plan`'s prediction for the optimizer this arm trained, at its measured step time
     (the refresh cost of each block side measured on this host, or read from its cache)."""
     prediction = predict_optimizer(c.trainer.optimizer, c.trainer.runtime.policy.current,
-                                   step_seconds=step_seconds)
+                                   step_seconds=step_seconds, cap=MEASURE_UP_TO)
     return {"round_work_s": prediction.round_work_s, "duty": prediction.duty(1),
             "estimated": prediction.estimated}
 
