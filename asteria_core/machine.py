@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROCESS_WORKER_BYTES = 512 << 20
 """What one refresh worker process costs at least (a Python with torch imported, ~250 MB
 resident, and its share of the job's tensors)."""
@@ -25,16 +26,14 @@ def _cores() -> int:
 
 
 def _memory_bytes() -> int:
+    """Physical memory, or this process's memory cgroup's limit where lower (its own cgroup
+    and those above it: /proc/self/cgroup says which; not the root's, which has none)."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in (Path("/sys/fs/cgroup/memory.max"),
-                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
-            text = limit.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            physical = min(physical, int(text))
-    return physical
+    try:
+        limit = _cgroup_limit(Path("/proc/self/cgroup").read_text(), CGROUP_ROOT)
+    except OSError:
+        limit = None
+    return physical if limit is None else min(physical, limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +66,7 @@ class Machine:
         return f"{self.cores} cores, {self.memory_bytes / 2**30:.1f} GiB memory"
 
 
-MACHINE = Machine(_cores(), _memory_bytes())
-
-
 # ------------------------------------------------------------------ the memory a run may fill
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,19 +124,27 @@ def memory_limit() -> MemoryLimit:
     return MemoryLimit(_mem_available(), "MemAvailable")
 
 
+MACHINE = Machine(_cores(), _memory_bytes())
+
+
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def memory_shortfall(state_bytes: int, params_bytes: int, limit: MemoryLimit) -> str | None:
-    """Why an optimizer whose state is planned for memory (`state_bytes`), next to the model's
-    parameters and gradients (`params_bytes`), cannot fit the memory `limit`; None when it
-    fits. Said before training, so a run is refused up front instead of killed at step 1."""
+def memory_shortfall(state_bytes: int, params_bytes: int, limit: MemoryLimit,
+                     in_flight_bytes: int = 0) -> str | None:
+    """Why an optimizer whose state is planned for memory (`state_bytes`, of which
+    `in_flight_bytes` refresh work in flight: snapshots and results waiting for their swap),
+    next to the model's parameters and gradients (`params_bytes`), cannot fit the memory
+    `limit`; None when it fits. Said before training, so a run is refused up front instead of
+    killed at step 1."""
     short = state_bytes + params_bytes - limit.bytes
     if short <= 0:
         return None
-    return (f"optimizer state needs {_size(state_bytes)} in memory, parameters and gradients "
-            f"{_size(params_bytes)}, the memory limit is {_size(limit.bytes)} ({limit.source}): "
-            f"{_size(short)} short; set a host budget and a disk tier (--policy.offload_mode "
-            "disk --policy.device_budget_bytes N --policy.host_budget_bytes N --policy.disk_dir "
-            "DIR; on a CPU the device tier is host memory too)")
+    of_which = f" (of which {_size(in_flight_bytes)} refresh work in flight)" \
+        if in_flight_bytes else ""
+    return (f"optimizer state needs {_size(state_bytes)} in memory{of_which}, parameters and "
+            f"gradients {_size(params_bytes)}, the memory limit is {_size(limit.bytes)} "
+            f"({limit.source}): {_size(short)} short; set a host budget and a disk tier "
+            "(--policy.offload_mode disk --policy.device_budget_bytes N --policy.host_budget_bytes "
+            "N --policy.disk_dir DIR; on a CPU the device tier is host memory too)")

@@ -115,6 +115,8 @@ class Outstanding:
     """The step since which this block's refresh is due: `stats_step`, or, when this refresh
     replaced older ones that were still waiting for a worker (opportunistic mode), the oldest
     one's. Staleness and the bound count from it."""
+    staged: bool = False
+    """Its result was taken from the job and staged where the block's state lives (`_stage`)."""
 
     def __post_init__(self) -> None:
         if self.since < 0:
@@ -195,13 +197,18 @@ class RefreshEngine:
         self._apply_policy(policy)
         t = self.opt.num_steps
         self._swap_due(t, policy)
+        self._stage_finished()
         due = self.opt.due_blocks()
         mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
-        snapshots = [self.opt.snapshot(key, lend=True) for key in mine]
-        ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
-        if self._host is not None and self._pool is not None and snapshots:
-            snapshots, ready = self._host(snapshots)
-        started = [self._start(snapshot, t, policy, ready) for snapshot in snapshots]
+        if self._pool is None:  # inline: one snapshot at a time (a disk-homed one is a copy)
+            started = [self._start(self.opt.snapshot(key, lend=True), t, policy, None)
+                       for key in mine]
+        else:
+            snapshots = [self.opt.snapshot(key, lend=True) for key in mine]
+            ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
+            if self._host is not None and snapshots:
+                snapshots, ready = self._host(snapshots)
+            started = [self._start(snapshot, t, policy, ready) for snapshot in snapshots]
         if self.exchange is not None:
             self._exchange(due, {item.key: item for item in started}, t)
         self._pace([item for item in started if item.job is not None], t, policy)
@@ -252,10 +259,41 @@ class RefreshEngine:
                   ready=ready)
         if self._pool is None:
             self._run_inline(item, job)
+            if policy.delay > 0:  # it waits d steps for its swap
+                self._stage(item)
         else:
             item.job = job
         self.outstanding[key].append(item)
         return item
+
+    def _stage(self, item: Outstanding) -> None:
+        """A result that waits for its swap goes where its block's state lives: a block homed
+        on disk keeps it in a file of the disk tier (tiers/results.py), not in memory."""
+        if item.staged or not self._stages(item.key):
+            return
+        job = item.job
+        if job is not None:  # a worker's: decide `unchanged` from its snapshot, then take it
+            if not job.done.is_set():
+                return
+            self._barely_moved(item, job.result)
+            item.result, item.error = job.result, job.error
+            self._took(item.key, job.seconds)
+            job.result = None
+        item.staged = True
+        if item.result is not None:
+            item.result = self.opt.residency.stage_result(item.result)
+
+    def _stages(self, key: BlockKey) -> bool:
+        """Whether `key`'s results wait in a file: its state lives on disk (a tier store)."""
+        stages = getattr(self.opt.residency, "stages_results", None)
+        return stages is not None and stages(key.param)
+
+    def _stage_finished(self) -> None:
+        """Results workers finished since the last boundary, staged (see `_stage`)."""
+        for queue_ in self.outstanding.values():
+            for item in queue_:
+                if item.job is not None and not item.staged and item.job.done.is_set():
+                    self._stage(item)
 
     def _coalesce(self, item: Outstanding) -> None:
         """Opportunistic mode: a refresh of the block still waiting for a worker is dropped for
@@ -365,8 +403,8 @@ class RefreshEngine:
             self._receive(item, policy)
             return
         job = item.job
-        if job is None:
-            return  # computed inline: result or error is already there
+        if job is None or item.staged:
+            return  # computed inline, or staged: result or error is already there
         if item.release_step is not None:
             self._submit(item)  # still held by pacing: its swap has come
         if not job.done.is_set():
@@ -520,6 +558,7 @@ class RefreshEngine:
                     item.job = None
                     self._run_inline(item, job)
                 self._finish(item, policy)
+                self._stage(item)  # the optimizer holds it until its swap (and checkpoints it)
                 at = item.stats_step + policy.delay
                 if item.result is not None and item.error is None:
                     self.opt.schedule_refresh(max(at, self.opt.num_steps + 1), item.result)

@@ -332,6 +332,31 @@ def _advise(address: int, nbytes: int, advice: int) -> None:
     _LIBC.madvise(start, end - start, advice)  # advice only: a refusal changes nothing
 
 
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc malloc.h)
+MMAP_THRESHOLD = 1 << 20
+
+
+def fix_mmap_threshold() -> None:
+    """Allocations of 1 MiB and more get pages of their own, given back when freed (glibc's
+    mallopt). By default glibc raises that threshold up to 32 MiB as large blocks are freed,
+    after which freed tensors stay in the heap: a process whose state lives on disk, read into
+    and written out of buffers step after step, then grows by every step's freed temporaries
+    (measured: +100 to +300 MB a step at 28M parameters; flat with a fixed threshold)."""
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is not None:  # not glibc: nothing to do
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim). State that went to
+    disk was freed, but glibc keeps freed blocks below its mmap threshold (which rises to 32 MiB
+    as large blocks are freed) in the heap: without this, a process whose state moves to disk a
+    parameter at a time keeps most of it resident anyway."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:  # not glibc: nothing to do
+        trim(0)
+
+
 def release_pages(data) -> None:
     """After a checkpoint writer wrote `data` (a buffer): when its bytes are a `DiskTier.map`
     view, take their pages out of this process's memory. MADV_PAGEOUT reclaims them and keeps

@@ -20,6 +20,7 @@ boundary after a policy change the store re-plans and migrates entries between t
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import queue
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.optim.seam import BlockInfo, RefreshResult
 from asteria_core.policy import LivePolicy, Policy, PolicyError
 from asteria_core.telemetry.records import TierFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
@@ -39,7 +41,9 @@ from asteria_core.tiers.disk import (
     aligned_buffer,
     check_writable,
     copy_out,
+    fix_mmap_threshold,
     release_loaded,
+    trim_heap,
 )
 from asteria_core.tiers.lifecycle import (
     READ,
@@ -53,6 +57,7 @@ from asteria_core.tiers.lifecycle import (
     set_leaf,
 )
 from asteria_core.tiers.placement import Plan, plan
+from asteria_core.tiers.results import ResultFiles, result_bytes
 
 log = logging.getLogger(__name__)
 TIER_FIELDS = ("device_budget_bytes", "host_budget_bytes", "disk_dir", "offload_mode")
@@ -77,6 +82,8 @@ class TierStore:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.hits = self.misses = 0
         self.disk: DiskTier | None = None
+        self.results: ResultFiles | None = None
+        """Refresh results of disk-homed blocks, waiting for their swap (tiers/results.py)."""
         self.plan: Plan = Plan(("device",) * len(self.entries), 0, 0)
         self._policy: Policy | None = None
         self._slots: list[np.ndarray] = []
@@ -149,6 +156,9 @@ class TierStore:
             if self.disk is not None:
                 self.disk.close()
             self.disk = DiskTier(self.disk_folder(policy))
+            fix_mmap_threshold()
+            if self.results is None:  # (results staged earlier stay valid: they are mapped)
+                self.results = ResultFiles(self.disk_folder(policy) / "results")
         self._slots = [aligned_buffer(self.plan.slot_bytes) for _ in range(self.plan.slots)]
         self._free = queue.Queue()
         for i in range(len(self._slots)):
@@ -423,6 +433,12 @@ class TierStore:
         spec = {self.entries[i].path: self.entries[i] for i in self.by_param[index]}
         assert set(found) == set(spec), f"state of parameter {index} is not as planned"
         self._place(index, found)
+        if self._offsets.get(index):
+            # The state now on disk leaves memory: the step's reference cycles still hold it,
+            # and glibc its freed pages.
+            del found
+            gc.collect(1)
+            trim_heap()
 
     def _place(self, index: int, tensors: dict) -> None:
         state = self.opt.state[self.params[index]]
@@ -450,6 +466,53 @@ class TierStore:
         if offsets:
             self._write_groups(scratch, self._groups[index], "device")
         self._adopted.add(index)
+
+    # ------------------------------------------------------------------ refresh results
+    def stage_result(self, result: RefreshResult) -> RefreshResult:
+        """A refresh result that waits for its swap: of a block whose state lives on disk, to
+        a file of the disk tier (the same result, its tensors mapped from there); else as is."""
+        if not self.stages_results(result.key.param):
+            return result
+        self.reporter.add_transfer("host", "disk", result_bytes(result))
+        staged = self.results.stage(result)
+        trim_heap()  # the previous refresh's snapshot and intermediates leave memory
+        return staged
+
+    def stages_results(self, index: int) -> bool:
+        """Whether refresh results of parameter `index`'s blocks wait in a file: its state
+        lives on disk."""
+        return self.results is not None and bool(self._offsets.get(index))
+
+    def refresh_bytes(self) -> int:
+        """Memory the refresh work in flight may hold at once, besides the state: a block's
+        snapshot and result while computed, and results waiting in memory for their swap.
+
+        Inline (workers = 0) blocks are refreshed one at a time at the boundary, and a result of
+        a disk-homed block goes to a file at once (`stage_result`): one block's work, plus the
+        results of memory-homed blocks that wait d steps. With workers a round of snapshots and
+        results may be held before the boundary that stages them: all of them count."""
+        policy = self.live.current
+        one = held = 0
+        for info in self.opt.refresh_blocks():
+            snapshot, result = self._refresh_work(info)
+            if policy.workers > 0:
+                held += snapshot + result
+                continue
+            one = max(one, snapshot + result)
+            if policy.delay > 0 and not self._offsets.get(info.key.param):
+                held += result
+        return held + one
+
+    def _refresh_work(self, info: BlockInfo) -> tuple[int, int]:
+        """Upper bounds of one block's snapshot (factor, and basis when the refresh reads it)
+        and result (basis, rotation when the swap rotates, transport at its first swap)."""
+        config = self.opt.refresh_config(info.key)
+        square = info.size ** 2 * self._factor_itemsize(info.key.param)
+        return square * (1 + config.needs_basis), square * (2 + config.rotate)
+
+    def _factor_itemsize(self, index: int) -> int:
+        return max((e.dtype.itemsize for e in (self.entries[i] for i in self.by_param[index])
+                    if e.path[0] == "factors"), default=4)
 
     # ------------------------------------------------------------------ figures, shutdown
     def tier_bytes(self) -> dict[str, int]:
@@ -505,6 +568,8 @@ class TierStore:
             self._threads = []
             if self.disk is not None:
                 self.disk.close()
+            if self.results is not None:
+                self.results.close()
 
 
 __all__ = ["TierFileError", "TierStore"]

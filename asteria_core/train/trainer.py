@@ -186,14 +186,17 @@ class Trainer:
                 else None)
 
     def _check_memory(self) -> None:
-        """Refuse, before step 1, optimizer state planned for memory that cannot fit there
-        next to the parameters and gradients (the cgroup would kill the run at its first step)."""
+        """Refuse, before step 1, optimizer state planned for memory (with the refresh work in
+        flight) that cannot fit there next to the parameters and gradients (the cgroup would
+        kill the run at its first step)."""
         tiers = self.runtime.tiers
         if tiers is None:
             return
         params = sum(p.numel() * p.element_size() for p in self.model.parameters()
                      if p.device.type == "cpu")
-        why = memory_shortfall(tiers.memory_bytes(), 2 * params, memory_limit())
+        in_flight = tiers.refresh_bytes()  # snapshots and results between refresh and swap
+        why = memory_shortfall(tiers.memory_bytes() + in_flight, 2 * params, memory_limit(),
+                               in_flight)
         if why is not None:
             self.runtime.close()
             raise ConfigError(why)
