@@ -156,5 +156,11 @@ def permute_dim(x: torch.Tensor, dim: int, perm_b: torch.Tensor) -> torch.Tensor
 
 
 def map_dim_by(x: torch.Tensor, dim: int, m_bb: torch.Tensor) -> torch.Tensor:
-    """x with axis `dim` (of length b) mapped by y_j = sum_i x_i M[i, j]."""
+    """x with axis `dim` (of length b) mapped by y_j = sum_i x_i M[i, j].
+
+    Along the first axis as M^T x: the result comes out contiguous. The general form would
+    come out transposed, and the swap that installs it as a moment would copy it once more
+    (on the training thread, a whole moment per swap)."""
+    if dim == 0:
+        return (m_bb.T @ x.reshape(x.shape[0], -1)).reshape(x.shape)
     return _mul_last(x, dim, m_bb)
