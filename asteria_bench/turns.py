@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,10 +94,10 @@ def arrangement_args(arrangement: str) -> list[str]:
                          f"{' | '.join(ARRANGEMENTS)}")
     if arrangement == "shared":
         return []
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-    if not {DEVICE_CPU, HOST_CPU} <= cpus:
+    # The machine's CPUs, not the calling thread's: building an arm pins that thread.
+    if max(DEVICE_CPU, HOST_CPU) >= (os.cpu_count() or 1):
         raise ValueError(f"arrangement: got 'device-host', which needs CPUs {DEVICE_CPU} and "
-                         f"{HOST_CPU}; this process may use {sorted(cpus)}; allowed: shared")
+                         f"{HOST_CPU}; this machine has {os.cpu_count()}; allowed: shared")
     return ["--train.cpus", str(DEVICE_CPU), "--train.threads", "1",
             "--train.worker_cpus", str(HOST_CPU)]
 
@@ -143,6 +144,10 @@ class Contender:
     """train.cpus: where its training thread runs (set again at each turn, so arms pinned
     differently can take turns on one thread); None: wherever the thread is allowed."""
     records: list[StepRecord] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+    """The training thread's own CPU time per step (time.thread_time): in the device-host
+    arrangement, the device's busy time. Wall time minus it is time the training core went to
+    something else (on a busy machine, other processes; see ARRANGEMENTS)."""
     charge: float = 0.0
     """Seconds waited at the end of the last turn for refreshes already handed to the workers;
     added to the next step, where they would have run."""
@@ -161,8 +166,10 @@ class Contender:
         for i in range(steps):
             if engine is not None and i == steps - 1:
                 engine.defer_releases(True)  # this turn's last boundary releases at the next
+            cpu = time.thread_time()
             self.trainer.train_step()
             record = self.trainer.runtime.end_step()  # telemetry adds the idle (wait) figures
+            self.cpu_seconds.append(time.thread_time() - cpu)
             record.step_seconds += self.charge
             self.charge = 0.0
             self.records.append(record)
@@ -201,6 +208,8 @@ def summary(c: Contender) -> dict[str, Any]:
     steady = [r.step_seconds for r in records[max(warmup, 0):]]
     ranked = sorted(steady)
     turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]
+    cpu = c.cpu_seconds[max(warmup, 0):]
+    cpu_turns = [cpu[i:i + INTERVAL] for i in range(0, len(cpu), INTERVAL)]
     idle: dict[str, float] = {}
     for r in records:
         for cause, seconds in (r.timing.idle_seconds if r.timing else {}).items():
@@ -213,6 +222,10 @@ def summary(c: Contender) -> dict[str, Any]:
         "p99_ms": 1e3 * percentile(ranked, 0.99), "max_ms": 1e3 * ranked[-1],
         "mean_ms": 1e3 * statistics.fmean(steady),
         "spike": statistics.median(max(t) / statistics.median(t) for t in turns),
+        "cpu_mean_ms": 1e3 * statistics.fmean(cpu),
+        "cpu_p50_ms": 1e3 * statistics.median(cpu),
+        "cpu_spike": statistics.median(max(t) / statistics.median(t) for t in cpu_turns),
+        "step_cpu_ms": [1e3 * x for x in c.cpu_seconds],
         "idle_s": idle,
         "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh), default=0),
         "final_val_loss": val_loss,

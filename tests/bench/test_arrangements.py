@@ -20,7 +20,7 @@ def test_device_host_pins_every_arms_training_and_only_asterias_workers(tmp_path
     the main thread gets its CPUs back afterwards."""
     if not hasattr(os, "sched_setaffinity"):
         missing("os.sched_setaffinity (pinning a thread needs Linux)")
-    if not {turns.DEVICE_CPU, turns.HOST_CPU} <= os.sched_getaffinity(0):
+    if max(turns.DEVICE_CPU, turns.HOST_CPU) >= (os.cpu_count() or 1):
         missing(f"CPUs {turns.DEVICE_CPU} and {turns.HOST_CPU} for the device-host arrangement")
     configs = [turns.arranged(turns.Config(label, args, "soap"), "device-host") for label, args in
                (("native", [*turns.SOAP, *turns.NATIVE]),
@@ -47,6 +47,9 @@ def test_device_host_pins_every_arms_training_and_only_asterias_workers(tmp_path
     runs = turns.round_robin(configs, 2 * turns.INTERVAL, tmp_path, opts, TINY)
     assert os.sched_getaffinity(0) == affinity
     assert [r["threads"] for r in runs] == [1, 1]
+    for r in runs:  # the device's own busy time beside the wall time, step by step
+        assert len(r["step_cpu_ms"]) == len(r["step_ms"]) == 2 * turns.INTERVAL
+        assert all(ms > 0 for ms in r["step_cpu_ms"]) and r["cpu_spike"] >= 1.0
     for label in ("native", "asteria"):
         assert len(seen[label]) == 2 * turns.INTERVAL
         assert all(cpus == {turns.DEVICE_CPU} and threads == 1
