@@ -163,6 +163,9 @@ class RefreshEngine:
         self.refreshes = 0
         """Refreshes this rank computed and swapped in (or failed), and their worker seconds."""
         self.work_seconds = 0.0
+        self.computed_seconds = 0.0
+        """Seconds of every refresh computed so far, swapped in yet or not (work_seconds counts
+        those swapped in)."""
         self.waited_seconds = 0.0
         self._consecutive: dict[BlockKey, int] = dict.fromkeys(self.blocks, 0)
         self._refresh_seconds: dict[BlockKey, float] = {}
@@ -378,6 +381,7 @@ class RefreshEngine:
     def _took(self, key: BlockKey, seconds: float) -> None:
         """The last refresh of `key` took `seconds` (its share of a round's work)."""
         self._round_seconds += seconds - self._refresh_seconds.get(key, 0.0)
+        self.computed_seconds += seconds
         self._refresh_seconds[key] = seconds
         self._slowest_rate = max(self._slowest_rate, seconds / self.blocks[key].cost)
 

@@ -1,0 +1,55 @@
+"""The scale suite's memory headline row in its quick size, end to end in a real cgroup v1
+memory cgroup (root only): all-in-memory SOAP refused up front with the shortfall named, tiered
+SOAP trained 10 steps under the same cap, and tiered and in-memory losses equal bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from asteria_bench.suites import scale_memory
+from tests.bench.test_suites_small import finite_positive, options
+from tests.components import missing
+
+
+@pytest.fixture
+def opts(tmp_path):
+    why = scale_memory.cgroup_missing()
+    if why is not None:
+        missing(why)
+    return options(tmp_path, "scale")
+
+
+def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(opts):
+    row = scale_memory.memory_headline(opts)
+    size, cap = scale_memory.QUICK, scale_memory.QUICK.cap_bytes
+    assert row["cap_bytes"] == cap and row["model"] == size.name
+    assert row["state_bytes"] > 0 and row["params"] * 4 == row["param_bytes"]
+
+    refused = row["memory"]
+    assert refused["returncode"] == scale_memory.REFUSED and refused["refused"], refused
+    message = refused["message"]
+    assert message.startswith("optimizer state needs "), message
+    assert f"the memory limit is {cap // scale_memory.MiB} MiB (cgroup)" in message
+    assert " short; set a host budget and a disk tier" in message
+
+    tiered = row["tiered"]
+    assert tiered["returncode"] == 0, tiered.get("stderr_tail")
+    assert row["trained_under_cap"] and tiered["steps"] == size.steps >= 10
+    assert len(tiered["losses"]) == size.steps and all(map(math.isfinite, tiered["losses"]))
+    assert tiered["peak_rss_bytes"] <= tiered["cgroup_peak_bytes"] <= cap
+    assert finite_positive(tiered["disk_bytes"]) and tiered["results_staged"] > 0
+    assert tiered["disk_read_bytes"] > 0 and tiered["disk_write_bytes"] > 0
+    per = tiered["seconds_per_step"]
+    assert set(per) == {"step", "compute", "transfer_wait", "refresh", "disk_read",
+                        "disk_write"}
+    assert finite_positive(per["step"]) and finite_positive(per["refresh"])
+    assert per["compute"] <= per["step"]
+
+
+def test_tiered_and_in_memory_losses_are_equal_bit_for_bit(opts):
+    match = scale_memory.tiered_matches_memory(opts)
+    assert match["steps"] == scale_memory.MATCH_QUICK.steps
+    assert len(match["memory_losses"]) == match["steps"] and match["tiered_disk_bytes"] > 0
+    assert match["tiered_losses"] == match["memory_losses"] and match["equal"]
