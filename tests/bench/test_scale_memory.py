@@ -52,4 +52,5 @@ def test_tiered_and_in_memory_losses_are_equal_bit_for_bit(opts):
     match = scale_memory.tiered_matches_memory(opts)
     assert match["steps"] == scale_memory.MATCH_QUICK.steps
     assert len(match["memory_losses"]) == match["steps"] and match["tiered_disk_bytes"] > 0
+    assert match["tiered_results_staged"] > 0  # swapped in from their files at step 3
     assert match["tiered_losses"] == match["memory_losses"] and match["equal"]
