@@ -111,7 +111,8 @@ def arranged(config: Config, arrangement: str) -> Config:
 def main_thread_cpus() -> Iterator[None]:
     """Give the calling thread its CPUs back afterwards. Building a trainer with train.cpus
     pins the thread that builds it (all arms are built in one process, on the main thread), and
-    whatever runs next (another suite, the shared arrangement) must not stay pinned."""
+    whatever runs next (another arm, another suite, the shared arrangement) must not stay
+    pinned: `build`, `Contender.turn` and `summary` pin it only while they run."""
     before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
         yield
@@ -159,7 +160,12 @@ class Contender:
         torch.set_num_threads(self.threads)
 
     def turn(self, steps: int) -> None:
-        self.enter()
+        """`steps` steps on this configuration's CPUs; the calling thread's own CPUs after."""
+        with main_thread_cpus():
+            self.enter()
+            self._steps(steps)
+
+    def _steps(self, steps: int) -> None:
         engine = self.trainer.runtime.refresh
         if engine is not None:
             engine.defer_releases(False)  # what the last turn's last boundary released goes now
@@ -191,8 +197,9 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
     threads = run.train.threads or 2
     torch.set_num_threads(threads)
     factory = peer_factory(config.peer, config.args, model_args) if config.peer else None
-    trainer = Trainer(run, jsonl=False, optimizer_factory=factory)
-    make_pausable(trainer.runtime)
+    with main_thread_cpus():  # train.cpus pins the building thread: for the build only
+        trainer = Trainer(run, jsonl=False, optimizer_factory=factory)
+        make_pausable(trainer.runtime)
     cpus = parse_cpu_list("train.cpus", run.train.cpus) if run.train.cpus else None
     return Contender(config, trainer, threads, cpus)
 
@@ -200,9 +207,10 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
 def summary(c: Contender) -> dict[str, Any]:
     """Step-time figures over the steps after the warm-up turns (first-time costs), the run's
     idle by cause, the final validation loss, and every raw step time and training loss."""
-    c.enter()
-    val_loss = c.trainer.evaluate()
-    c.trainer.close()
+    with main_thread_cpus():
+        c.enter()
+        val_loss = c.trainer.evaluate()
+        c.trainer.close()
     records = c.records
     warmup = min(WARMUP_TURNS * INTERVAL, len(records) - INTERVAL)
     steady = [r.step_seconds for r in records[max(warmup, 0):]]

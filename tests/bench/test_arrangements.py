@@ -17,7 +17,7 @@ TINY = ["--model.n_layer", "1", "--model.n_embd", "32", "--model.n_head", "2",
 
 def test_device_host_pins_every_arms_training_and_only_asterias_workers(tmp_path, monkeypatch):
     """Every arm trains on the device CPU with one thread; Asteria's worker runs on the host CPU;
-    the main thread gets its CPUs back afterwards."""
+    the calling thread is pinned only while an arm builds, trains or evaluates."""
     if not hasattr(os, "sched_setaffinity"):
         missing("os.sched_setaffinity (pinning a thread needs Linux)")
     if max(turns.DEVICE_CPU, turns.HOST_CPU) >= (os.cpu_count() or 1):
@@ -29,8 +29,9 @@ def test_device_host_pins_every_arms_training_and_only_asterias_workers(tmp_path
     build = turns.build
 
     def build_and_watch(config, *args):
-        before = {t.ident for t in threading.enumerate()}
+        before, cpus = {t.ident for t in threading.enumerate()}, os.sched_getaffinity(0)
         contender = build(config, *args)
+        assert os.sched_getaffinity(0) == cpus  # pinned for the build only, not after it
         workers = [t for t in threading.enumerate()  # this arm's own (its pool starts eagerly)
                    if t.ident not in before and t.name.startswith("refresh-worker")]
 
