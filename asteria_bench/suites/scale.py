@@ -47,6 +47,7 @@ from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 from asteria_bench.suites.scale_hf import hf_row
+from asteria_bench.suites.scale_memory import headline_table, memory_headline, tiered_matches_memory
 from asteria_core.tiers.lifecycle import leaves
 from asteria_core.train.plan import predict_optimizer
 
@@ -319,6 +320,10 @@ def run(opts: BenchOptions) -> SuiteResult:
     result.save(opts.out_dir)
     result.config["hf_row"] = hf_row(opts)
     result.save(opts.out_dir)
+    result.config["memory_headline"] = memory_headline(opts)
+    result.save(opts.out_dir)
+    result.config["tiered_match"] = tiered_matches_memory(opts)
+    result.save(opts.out_dir)
     shutil.rmtree(root, ignore_errors=True)
     summarize(result, by_size, opts)
     result.save(opts.out_dir)
@@ -329,12 +334,16 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
     params = [s["params"] for s in by_size]
     steps = result.table("Step time per size (ms; interleaved turns, after the warm-up turns)",
                          ["size", "params", "arrangement", "arm", "p50", "mean", "p99", "spike",
-                          "worst spike"],
+                          "worst spike", "CPU mean", "CPU spike"],
                          note="spike: the median over turns of a turn's slowest step over its "
-                              "median; worst spike: the same for the worst turn.")
+                              "median; worst spike: the same for the worst turn. CPU: the "
+                              "training thread's own CPU time per step (in device-host, the "
+                              "device's busy time; wall minus CPU is time its core went to "
+                              "other work).")
     verdict = result.table(
         "Asteria-SOAP against native SOAP, per size and arrangement",
-        ["size", "params", "arrangement", "SOAP", "Asteria / native mean", "worst spike"],
+        ["size", "params", "arrangement", "SOAP", "Asteria / native mean",
+         "Asteria / native CPU mean", "worst spike", "CPU spike"],
         note="device-host: training pinned to core 0 with one thread for every arm, Asteria's "
              "worker pinned to core 1, native SOAP refreshing inline on core 0; shared: two "
              "training threads and the worker share both cores.")
@@ -354,14 +363,16 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
             for r in runs.values():
                 steps.add(size["size"], size["params"], arrangement, r["label"],
                           round(r["p50_ms"], 1), round(r["mean_ms"], 1), round(r["p99_ms"], 1),
-                          round(r["spike"], 2), round(r["spike_max"], 2))
+                          round(r["spike"], 2), round(r["spike_max"], 2),
+                          round(r["cpu_mean_ms"], 1), round(r["cpu_spike"], 2))
             for ours_key, (native_key, soap) in soaps.items():
                 if ours_key not in runs:
                     continue
                 ours, native = runs[ours_key], runs[native_key]
                 verdict.add(size["size"], size["params"], arrangement, soap,
                             round(ours["mean_ms"] / native["mean_ms"], 3),
-                            round(ours["spike_max"], 2))
+                            round(ours["cpu_mean_ms"] / native["cpu_mean_ms"], 3),
+                            round(ours["spike_max"], 2), round(ours["cpu_spike"], 2))
                 refresh.add(size["size"], size["params"], arrangement, soap,
                             ours.get("blocks", 0), round(ours.get("round_work_s", 0.0), 3),
                             round(ours.get("interval_train_s", 0.0), 3),
@@ -412,6 +423,7 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
             round(hf["refresh_duty"] or 0.0, 3), f"{hf['staleness_max']} / {hf['staleness_bound']}",
             round(hf["state_bytes_total"] / 2**20, 1), round((hf["peak_rss_bytes"] or 0) / 2**20),
             hf["records"], hf["metrics_exported"])
+    headline_table(result, result.config["memory_headline"], result.config["tiered_match"])
     fits = result.table("How each figure grows: y = a N^k fitted on log-log axes (N: parameters)",
                         ["figure", "k", "a", "sizes"])
     fitted = {}
@@ -494,6 +506,7 @@ def _conclude(result: SuiteResult, by_size: list[dict[str, Any]], fitted: dict) 
             f"{hf['records']} step records, staleness {hf['staleness_max']} of S = "
             f"{hf['staleness_bound']}, refresh duty {hf['refresh_duty'] or 0:.2f}, "
             f"/metrics {'scraped while it trained' if hf['metrics_exported'] else 'NOT seen'}.")
+    memory_findings(result, result.config["memory_headline"], result.config["tiered_match"])
     for key, fit in fitted.items():
         result.findings.append(f"{key}: fitted exponent {fit['exponent']:.2f} over "
                                f"{fit['points']} sizes.")
@@ -536,6 +549,26 @@ def plot(by_size: list[dict[str, Any]], fitted: dict, path: Path) -> dict[str, s
     fig.tight_layout()
     return save(fig, path, "each cost against the parameter count, log-log, with its fitted "
                            "exponent k (dashed: the fit)")
+
+
+def memory_findings(result: SuiteResult, row: dict[str, Any], match: dict[str, Any]) -> None:
+    """The paper's memory headline in words: refused in memory, trained tiered, same losses."""
+    refused, tiered = row["memory"], row["tiered"]
+    cap = f"{row['cap_bytes'] / 2**30:.1f} GiB"
+    result.findings.append(
+        f"Memory headline, {row['model']} ({row['params'] / 1e9:.2f}B parameters) under a {cap} "
+        f"memory cgroup: SOAP with its state all in memory "
+        + (f"was refused before step 1 (exit {refused['returncode']}: {refused['message']})"
+           if refused["returncode"] == 2 else f"ended with exit {refused['returncode']}")
+        + "; with tiered state it "
+        + (f"trained {tiered['steps']} steps, peak RSS {tiered['peak_rss_bytes'] / 2**30:.2f} "
+           f"GiB, {tiered['disk_bytes'] / 2**30:.2f} GiB on disk, median step "
+           f"{tiered['step_seconds_median']:.1f} s." if row["trained_under_cap"] else
+           f"did not train its steps (exit {tiered['returncode']})."))
+    result.findings.append(
+        f"Tiered and all-in-memory SOAP at {match['model']} ({match['params'] / 1e6:.0f}M "
+        f"parameters), {match['steps']} steps: the losses are "
+        + ("equal bit for bit." if match["equal"] else "NOT equal."))
 
 
 def plot_tokens(rows: list[dict[str, Any]], path: Path) -> dict[str, str]:
