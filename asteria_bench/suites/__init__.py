@@ -7,7 +7,7 @@ import importlib
 from types import ModuleType
 
 SUITES = ("optimizers", "critical-path", "staleness", "runtime", "tiers", "serving",
-          "distributed", "scale")
+          "distributed", "scale", "scale-memory")
 
 
 def load(name: str) -> ModuleType:

@@ -47,7 +47,6 @@ from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 from asteria_bench.suites.scale_hf import hf_row
-from asteria_bench.suites.scale_memory import headline_table, memory_headline, tiered_matches_memory
 from asteria_core.tiers.lifecycle import leaves
 from asteria_core.train.plan import predict_optimizer
 
@@ -320,10 +319,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     result.save(opts.out_dir)
     result.config["hf_row"] = hf_row(opts)
     result.save(opts.out_dir)
-    result.config["memory_headline"] = memory_headline(opts)
-    result.save(opts.out_dir)
-    result.config["tiered_match"] = tiered_matches_memory(opts)
-    result.save(opts.out_dir)
+
     shutil.rmtree(root, ignore_errors=True)
     summarize(result, by_size, opts)
     result.save(opts.out_dir)
@@ -423,7 +419,6 @@ def summarize(result: SuiteResult, by_size: list[dict[str, Any]], opts: BenchOpt
             round(hf["refresh_duty"] or 0.0, 3), f"{hf['staleness_max']} / {hf['staleness_bound']}",
             round(hf["state_bytes_total"] / 2**20, 1), round((hf["peak_rss_bytes"] or 0) / 2**20),
             hf["records"], hf["metrics_exported"])
-    headline_table(result, result.config["memory_headline"], result.config["tiered_match"])
     fits = result.table("How each figure grows: y = a N^k fitted on log-log axes (N: parameters)",
                         ["figure", "k", "a", "sizes"])
     fitted = {}
@@ -506,7 +501,6 @@ def _conclude(result: SuiteResult, by_size: list[dict[str, Any]], fitted: dict) 
             f"{hf['records']} step records, staleness {hf['staleness_max']} of S = "
             f"{hf['staleness_bound']}, refresh duty {hf['refresh_duty'] or 0:.2f}, "
             f"/metrics {'scraped while it trained' if hf['metrics_exported'] else 'NOT seen'}.")
-    memory_findings(result, result.config["memory_headline"], result.config["tiered_match"])
     for key, fit in fitted.items():
         result.findings.append(f"{key}: fitted exponent {fit['exponent']:.2f} over "
                                f"{fit['points']} sizes.")
@@ -549,26 +543,6 @@ def plot(by_size: list[dict[str, Any]], fitted: dict, path: Path) -> dict[str, s
     fig.tight_layout()
     return save(fig, path, "each cost against the parameter count, log-log, with its fitted "
                            "exponent k (dashed: the fit)")
-
-
-def memory_findings(result: SuiteResult, row: dict[str, Any], match: dict[str, Any]) -> None:
-    """The paper's memory headline in words: refused in memory, trained tiered, same losses."""
-    refused, tiered = row["memory"], row["tiered"]
-    cap = f"{row['cap_bytes'] / 2**30:.1f} GiB"
-    result.findings.append(
-        f"Memory headline, {row['model']} ({row['params'] / 1e9:.2f}B parameters) under a {cap} "
-        f"memory cgroup: SOAP with its state all in memory "
-        + (f"was refused before step 1 (exit {refused['returncode']}: {refused['message']})"
-           if refused["returncode"] == 2 else f"ended with exit {refused['returncode']}")
-        + "; with tiered state it "
-        + (f"trained {tiered['steps']} steps, peak RSS {tiered['peak_rss_bytes'] / 2**30:.2f} "
-           f"GiB, {tiered['disk_bytes'] / 2**30:.2f} GiB on disk, median step "
-           f"{tiered['step_seconds_median']:.1f} s." if row["trained_under_cap"] else
-           f"did not train its steps (exit {tiered['returncode']})."))
-    result.findings.append(
-        f"Tiered and all-in-memory SOAP at {match['model']} ({match['params'] / 1e6:.0f}M "
-        f"parameters), {match['steps']} steps: the losses are "
-        + ("equal bit for bit." if match["equal"] else "NOT equal."))
 
 
 def plot_tokens(rows: list[dict[str, Any]], path: Path) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""The scale suite's memory headline (issue 24, item 2): a model whose all-in-memory SOAP state
-does not fit a memory cap trains under it with tiered state.
+"""`scale-memory`: the paper's memory headline on this machine (issue 24, item 2): a model whose
+all-in-memory SOAP state does not fit a memory cap trains under it with tiered state. A suite of
+its own beside `scale` (the ladder): at 1B parameters it runs for tens of minutes.
 
 The suite creates a cgroup v1 memory cgroup with the cap (root only), and runs two children in
 it, each a fresh process:
@@ -35,6 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from asteria_bench.options import BenchOptions, progress
+from asteria_bench.plots import pyplot, save
+from asteria_bench.results import SuiteResult
+
+TITLE = "Scale: the memory headline, a 1B-parameter GPT under a memory cap"
 
 ROOT = Path(__file__).resolve().parents[2]
 V1 = Path("/sys/fs/cgroup/memory")
@@ -243,6 +248,87 @@ def headline_table(result, row: dict[str, Any], match: dict[str, Any]) -> None:
     table.add("tiered", f"trained {t['steps']} steps", round(t["peak_rss_bytes"] / GiB, 2),
               round(t["disk_bytes"] / GiB, 2), round(t["step_seconds_median"], 2),
               round(per["compute"], 2), round(per["transfer_wait"], 2), round(per["refresh"], 2))
+
+
+def run(opts: BenchOptions) -> SuiteResult:
+    size, match_size = opts.pick(QUICK, FULL), opts.pick(MATCH_QUICK, MATCH_FULL)
+    result = SuiteResult("scale-memory", TITLE, opts.quick, opts.command,
+                         config={"size": asdict(size), "match_size": asdict(match_size)})
+    match = tiered_matches_memory(opts)
+    result.config["tiered_match"] = match
+    result.runs = [{"run": "bit-for-bit match", **match}]
+    result.save(opts.out_dir)
+    why = cgroup_missing()
+    if why is not None:  # the cap needs root: say so, and keep what could be measured
+        result.findings.append(f"The memory headline was not measured: {why}.")
+        findings(result, None, match)
+        result.save(opts.out_dir)
+        return result
+    row = memory_headline(opts)
+    result.config["memory_headline"] = row
+    result.runs += [{"run": "all in memory", **row["memory"]}, {"run": "tiered", **row["tiered"]}]
+    headline_table(result, row, match)
+    findings(result, row, match)
+    result.plots.append(plot(row, opts.out_dir / "scale-memory.png"))
+    result.save(opts.out_dir)
+    return result
+
+
+def findings(result: SuiteResult, row: dict[str, Any] | None, match: dict[str, Any]) -> None:
+    """The headline in words: refused in memory, trained tiered, the same losses."""
+    result.quote("tiered_equals_memory", float(match["equal"]),
+                 f"tiered and all-in-memory SOAP give the same losses bit for bit at "
+                 f"{match['model']}: {{value:.0f}} (1 = yes)")
+    result.findings.append(
+        f"Tiered and all-in-memory SOAP at {match['model']} ({match['params'] / 1e6:.0f}M "
+        f"parameters), {match['steps']} steps with the staged results swapped in: the losses "
+        "are " + ("equal bit for bit." if match["equal"] else "NOT equal."))
+    if row is None:
+        return
+    refused, tiered = row["memory"], row["tiered"]
+    cap = f"{row['cap_bytes'] / GiB:.1f} GiB"
+    model = f"{row['model']} ({row['params'] / 1e9:.2f}B parameters)"
+    if row["trained_under_cap"]:
+        result.quote("tiered_peak_rss_gib", tiered["peak_rss_bytes"] / GiB,
+                     f"a {model} GPT trains with tiered SOAP state under a {cap} memory cap, "
+                     "peak RSS {value:.1f} GiB, where SOAP with its state all in memory is "
+                     "refused up front")
+        result.quote("tiered_step_s", tiered["step_seconds_median"],
+                     "its median step takes {value:.0f} s on this machine's 2 cores")
+    result.findings.append(
+        f"{model} under a {cap} memory cgroup: SOAP with its state all in memory "
+        + (f"was refused before step 1 (exit {refused['returncode']}: {refused['message']})"
+           if refused["returncode"] == REFUSED else f"ended with exit {refused['returncode']}")
+        + "; with tiered state it "
+        + (f"trained {tiered['steps']} steps, peak RSS {tiered['peak_rss_bytes'] / GiB:.2f} GiB "
+           f"(the cgroup's peak, page cache included, {tiered['cgroup_peak_bytes'] / GiB:.2f} "
+           f"GiB), {tiered['disk_bytes'] / GiB:.2f} GiB on disk, median step "
+           f"{tiered['step_seconds_median']:.1f} s." if row["trained_under_cap"] else
+           f"did not train its steps (exit {tiered['returncode']})."))
+
+
+def plot(row: dict[str, Any], path: Path) -> dict[str, str]:
+    """The tiered run's step times, and its memory against the cap."""
+    plt = pyplot()
+    tiered = row["tiered"]
+    fig, (steps, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    times = tiered.get("step_seconds") or []
+    steps.bar(range(1, len(times) + 1), times)
+    steps.set_xlabel("step")
+    steps.set_ylabel("seconds")
+    steps.set_title("tiered SOAP: step time")
+    bars = {"SOAP state\n(all in memory)": row["state_bytes"],
+            "parameters +\ngradients": 2 * row["param_bytes"],
+            "tiered:\npeak RSS": tiered.get("peak_rss_bytes") or 0,
+            "tiered:\non disk": tiered.get("disk_bytes") or 0}
+    memory.bar(list(bars), [v / GiB for v in bars.values()])
+    memory.axhline(row["cap_bytes"] / GiB, color="red", linestyle="--",
+                   label=f"cap {row['cap_bytes'] / GiB:.1f} GiB")
+    memory.set_ylabel("GiB")
+    memory.set_title(f"{row['model']}: memory against the cap")
+    memory.legend(fontsize=8)
+    fig.tight_layout()
+    return save(fig, path, "the tiered run's step times, and its memory against the cgroup's cap")
 
 
 # ------------------------------------------------------------------ the worker

@@ -1,28 +1,27 @@
-"""The scale suite's memory headline row in its quick size, end to end in a real cgroup v1
-memory cgroup (root only): all-in-memory SOAP refused up front with the shortfall named, tiered
-SOAP trained 10 steps under the same cap, and tiered and in-memory losses equal bit for bit."""
+"""`asteria bench scale-memory --quick`, end to end in a real cgroup v1 memory cgroup (root
+only): all-in-memory SOAP refused up front with the shortfall named, tiered SOAP trained 10 steps
+under the same cap, and tiered and in-memory losses equal bit for bit; the suite's JSON checked
+for its structure."""
 
 from __future__ import annotations
 
+import json
 import math
 
-import pytest
-
-from asteria_bench.suites import scale_memory
-from tests.bench.test_suites_small import finite_positive, options
+from asteria_bench.suites import load, scale_memory
+from tests.bench.test_suites_small import check_common, finite_positive, options
 from tests.components import missing
 
 
-@pytest.fixture
-def opts(tmp_path):
+def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(tmp_path):
     why = scale_memory.cgroup_missing()
     if why is not None:
         missing(why)
-    return options(tmp_path, "scale")
-
-
-def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(opts):
-    row = scale_memory.memory_headline(opts)
+    opts = options(tmp_path, "scale-memory")
+    load("scale-memory").run(opts)
+    data = json.loads((opts.out_dir / "scale-memory.json").read_text())
+    check_common(data, "scale-memory", opts.out_dir)
+    row = data["config"]["memory_headline"]
     size, cap = scale_memory.QUICK, scale_memory.QUICK.cap_bytes
     assert row["cap_bytes"] == cap and row["model"] == size.name
     assert row["state_bytes"] > 0 and row["params"] * 4 == row["param_bytes"]
@@ -46,10 +45,9 @@ def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(opts)
                         "disk_write"}
     assert finite_positive(per["step"]) and finite_positive(per["refresh"])
     assert per["compute"] <= per["step"]
+    assert data["tables"][0]["rows"][1][1] == f"trained {size.steps} steps"
 
-
-def test_tiered_and_in_memory_losses_are_equal_bit_for_bit(opts):
-    match = scale_memory.tiered_matches_memory(opts)
+    match = data["config"]["tiered_match"]
     assert match["steps"] == scale_memory.MATCH_QUICK.steps
     assert len(match["memory_losses"]) == match["steps"] and match["tiered_disk_bytes"] > 0
     assert match["tiered_results_staged"] > 0  # swapped in from their files at step 3
