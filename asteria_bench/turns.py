@@ -204,7 +204,7 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
     return Contender(config, trainer, threads, cpus)
 
 
-def summary(c: Contender) -> dict[str, Any]:
+def summary(c: Contender, warmup_turns: int = WARMUP_TURNS) -> dict[str, Any]:
     """Step-time figures over the steps after the warm-up turns (first-time costs), the run's
     idle by cause, the final validation loss, and every raw step time and training loss."""
     with main_thread_cpus():
@@ -212,7 +212,7 @@ def summary(c: Contender) -> dict[str, Any]:
         val_loss = c.trainer.evaluate()
         c.trainer.close()
     records = c.records
-    warmup = min(WARMUP_TURNS * INTERVAL, len(records) - INTERVAL)
+    warmup = min(warmup_turns * INTERVAL, len(records) - INTERVAL)
     steady = [r.step_seconds for r in records[max(warmup, 0):]]
     ranked = sorted(steady)
     turns = [steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)]

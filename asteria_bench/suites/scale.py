@@ -9,8 +9,9 @@ them alike:
   native SOAP: the references' defaults (max_precond_dim 10000, no block size, refresh every
       10 steps), refreshing inline at the step;
   Asteria-SOAP: the same optimizer, refresh on one host worker thread, d = S = 10;
-  native and Asteria SOAP at the block size recommended for large models (BLOCK, 1024), where
-      the size has a factor wider than it (below, the two configurations are one optimizer).
+  native and Asteria SOAP at the block size recommended for large models (BLOCK, 1024), in the
+      device-host arrangement, where the size has a factor wider than it (below, the two
+      configurations are one optimizer).
 Each size runs in two arrangements (turns.ARRANGEMENTS): "shared", where training's two threads
 and the host worker share both cores (this machine as it is), and "device-host", a stand-in for
 a GPU and its host: every arm trains on core 0 with one thread, Asteria's worker refreshes on
@@ -60,6 +61,10 @@ b^2, so splitting a 3072 (4 x 768) factor into three 1024 blocks cuts its refres
 factor memory 3x, while 1024 still covers GPT-2 small's residual width whole (768) and keeps each
 block's refresh within an interval on one host core at the ladder's step times."""
 MOMENTS = ("exp_avg", "exp_avg_sq", "exp_avg_eigen")
+WARMUP_TURNS = 1
+"""Turns left out of the step-time figures: the first, where every block's first basis is an
+eigendecomposition from scratch (no peer here compiles). The second turn swaps that round in and
+refreshes as every later turn does."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class Rung:
     n_head: int
     seq: int
     batch: int
-    turns: int  # turns of INTERVAL steps each arm trains (the first turns.WARMUP_TURNS warm up)
+    turns: int  # turns of INTERVAL steps each arm trains (the first WARMUP_TURNS warm up)
 
     @property
     def name(self) -> str:
@@ -89,8 +94,8 @@ class Rung:
                 "--policy.refresh_interval", str(INTERVAL)]
 
 
-FULL = (Rung(5, 128, 4, 128, 4, 4), Rung(4, 256, 4, 128, 4, 4), Rung(6, 384, 6, 128, 4, 4),
-        Rung(8, 512, 8, 128, 4, 4), Rung(12, 768, 12, 128, 4, 4))
+FULL = (Rung(5, 128, 4, 128, 4, 4), Rung(4, 256, 4, 128, 4, 4), Rung(6, 384, 6, 128, 4, 3),
+        Rung(8, 512, 8, 128, 4, 3), Rung(12, 768, 12, 128, 4, 3))
 QUICK = (Rung(2, 64, 2, 32, 4, 3), Rung(3, 96, 3, 32, 4, 3))
 
 # Tokens per step at one size: SOAP's projections cost the same whatever the batch, so its
@@ -112,9 +117,10 @@ class Arm:
         return self.key.startswith("asteria")
 
 
-def arms(rung: Rung | None = None) -> list[Arm]:
-    """AdamW, then native and Asteria SOAP at the references' defaults and, where the rung has a
-    factor wider than BLOCK (otherwise the two are the same optimizer), at BLOCK."""
+def arms(rung: Rung | None = None, arrangement: str = "device-host") -> list[Arm]:
+    """AdamW, then native and Asteria SOAP at the references' defaults and, in the device-host
+    arrangement where the rung has a factor wider than BLOCK (otherwise the two are the same
+    optimizer), at BLOCK: the configuration recommended on a GPU host."""
     out = [
         Arm("adamw", turns.Config("AdamW", turns.ADAMW, "adamw")),
         Arm("native", turns.Config("native SOAP (refresh inline)",
@@ -123,7 +129,7 @@ def arms(rung: Rung | None = None) -> list[Arm]:
                                     [*turns.SOAP, *turns.asteria(BOUND), *REFERENCE_DEFAULTS],
                                     "soap")),
     ]
-    if rung is None or rung.widest > BLOCK:
+    if arrangement == "device-host" and (rung is None or rung.widest > BLOCK):
         recommended = ["--optim.max_precond_dim", "10000", "--optim.precond_block_size",
                        str(BLOCK)]
         out += [
@@ -196,7 +202,7 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
                       opts) as bar:
             warm = [(0.0, 0)] * len(contenders)
             for turn in range(rung.turns):
-                if turn == turns.WARMUP_TURNS:
+                if turn == WARMUP_TURNS:
                     warm = [refresh_work(c) for c in contenders]
                 for c in contenders:
                     c.turn(INTERVAL)
@@ -205,7 +211,7 @@ def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptio
         runs = []
         for arm, c, clock, done in zip(chosen, contenders, clocks, warm, strict=True):
             kinds = state_bytes(c.trainer.optimizer)
-            run = turns.summary(c)  # closes the trainer
+            run = turns.summary(c, WARMUP_TURNS)  # closes the trainer
             steady = run["step_ms"][run["warmup_steps"]:]
             if arm.asteria:
                 run["plan"] = plan_check(c, statistics.fmean(steady) / 1e3)
@@ -300,14 +306,14 @@ def run(opts: BenchOptions) -> SuiteResult:
                                  "staleness_bound": BOUND, "block": BLOCK,
                                  "arms": [{"key": a.key, **asdict(a.config)} for a in arms()],
                                  "arrangements": turns.ARRANGEMENTS,
-                                 "warmup_turns": turns.WARMUP_TURNS,
+                                 "warmup_turns": WARMUP_TURNS,
                                  "vocab": "bytes (256)"})
     by_size: list[dict[str, Any]] = []
     root = opts.out_dir / ".scale-runs"
     for rung in ladder:
         size: dict[str, Any] = {"size": rung.name, "runs": {}, "peak_rss_bytes": {}}
         for arrangement in turns.ARRANGEMENTS:
-            runs, peak = train_arms(rung, arms(rung), arrangement, opts,
+            runs, peak = train_arms(rung, arms(rung, arrangement), arrangement, opts,
                                     root / rung.name.replace(" ", "") / arrangement)
             size["params"] = runs[0]["params"]
             size["runs"][arrangement] = {r["arm"]: r for r in runs}

@@ -34,7 +34,8 @@ def test_the_scale_suite_fits_every_figure_over_a_ladder_of_sizes(tmp_path, monk
     arms = ["adamw", "native", "asteria"]
     assert [(r["arrangement"], r["arm"]) for r in runs] == [
         *((a, k) for a in turns.ARRANGEMENTS for k in arms),
-        *((a, k) for a in turns.ARRANGEMENTS for k in [*arms, "native_block", "asteria_block"])]
+        *(("shared", k) for k in arms),
+        *(("device-host", k) for k in [*arms, "native_block", "asteria_block"])]
     sizes = sorted({r["params"] for r in runs})
     assert len(sizes) == 2  # two sizes, each arm with the same model
     for r in runs:
@@ -55,7 +56,7 @@ def test_the_scale_suite_fits_every_figure_over_a_ladder_of_sizes(tmp_path, monk
         assert finite_positive(r["plan"]["round_work_s"]) and finite_positive(r["plan"]["duty"])
         assert r["refresh_wait_ms_per_step"] >= 0 and r["swap_ms_per_step"] >= 0
     # The block arm splits the wide factors: more blocks than the references' defaults.
-    larger = [r for r in runs if r["params"] == sizes[1] and r["arrangement"] == "shared"]
+    larger = [r for r in runs if r["params"] == sizes[1] and r["arrangement"] == "device-host"]
     by_arm = {r["arm"]: r for r in larger}
     assert by_arm["asteria_block"]["blocks"] > by_arm["asteria"]["blocks"]
 
