@@ -29,7 +29,8 @@ def _ordered(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    """A table cell; a figure a row does not have (None) shows as "-"."""
+    return "-" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _table(table: dict[str, Any]) -> list[str]:
