@@ -84,6 +84,14 @@ MATCH_DELAY = ["--policy.swap_delay", "2"]
 """The first round's results, staged to disk in the tiered run, are swapped in at step 3."""
 
 
+def match_threads() -> int:
+    """The threads both match children compute with, named on both command lines: this
+    process's CPUs. MKL's products and eigendecompositions round differently with another
+    thread count (at 12 x 768, step 5's loss is 5.1991448 with 2 threads, 5.2016392 with 1),
+    so the two runs must not differ in it, whatever thread default each would pick."""
+    return len(os.sched_getaffinity(0))
+
+
 # ------------------------------------------------------------------ the cgroup
 def cgroup_missing() -> str | None:
     """Why no memory cgroup can be made here, or None."""
@@ -209,11 +217,12 @@ def tiered_matches_memory(opts: BenchOptions) -> dict[str, Any]:
     size = opts.pick(MATCH_QUICK, MATCH_FULL)
     plan = plan_bytes(size)
     root = Path(tempfile.mkdtemp(prefix="asteria-bench-match-"))
+    same = [*MATCH_DELAY, "--train.threads", str(match_threads())]
     try:
         with progress(2, f"scale memory: tiered = in memory, {size.name}", opts) as bar:
-            memory = worker_run(size, MATCH_DELAY, root / "memory", 1800)
+            memory = worker_run(size, same, root / "memory", 1800)
             bar.update(1)
-            tiered = worker_run(size, [*MATCH_DELAY, *tier_args(plan, root / "disk")],
+            tiered = worker_run(size, [*same, *tier_args(plan, root / "disk")],
                                 root / "tiered", 1800)
             bar.update(1)
     finally:
@@ -222,6 +231,7 @@ def tiered_matches_memory(opts: BenchOptions) -> dict[str, Any]:
             "memory_losses": memory.get("losses"), "tiered_losses": tiered.get("losses"),
             "tiered_disk_bytes": tiered.get("disk_bytes"),
             "tiered_results_staged": tiered.get("results_staged"),
+            "memory_threads": memory.get("threads"), "tiered_threads": tiered.get("threads"),
             "equal": memory.get("losses") is not None and
             memory.get("losses") == tiered.get("losses")}
 
@@ -281,8 +291,9 @@ def findings(result: SuiteResult, row: dict[str, Any] | None, match: dict[str, A
                  f"{match['model']}: {{value:.0f}} (1 = yes)")
     result.findings.append(
         f"Tiered and all-in-memory SOAP at {match['model']} ({match['params'] / 1e6:.0f}M "
-        f"parameters), {match['steps']} steps with the staged results swapped in: the losses "
-        "are " + ("equal bit for bit." if match["equal"] else "NOT equal."))
+        f"parameters), {match['steps']} steps with the staged results swapped in, both with "
+        f"{match.get('memory_threads')} threads: the losses are "
+        + ("equal bit for bit." if match["equal"] else "NOT equal."))
     if row is None:
         return
     refused, tiered = row["memory"], row["tiered"]
@@ -336,6 +347,8 @@ def _train(argv: list[str]) -> dict[str, Any]:
     """Train the config `argv` describes (CLI overrides) for its steps; no checkpoint."""
     import time
 
+    import torch
+
     from asteria_bench.clocks import peak_rss_bytes
     from asteria_core.cli import resolve_config
     from asteria_core.train.trainer import Trainer
@@ -352,6 +365,7 @@ def _train(argv: list[str]) -> dict[str, Any]:
         tiers, refresh = rt.tiers, rt.refresh
         disk = tiers.disk
         out = {"steps": len(records), "build_seconds": build,
+               "threads": torch.get_num_threads(),
                "losses": [r.loss for r in records],
                "step_seconds": [r.step_seconds for r in records],
                "peak_rss_bytes": peak_rss_bytes(),
