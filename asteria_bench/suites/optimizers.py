@@ -17,6 +17,13 @@ each installed peer SOAP (asteria_bench/peers.py; full run only) at native SOAP'
 Corpora: the default one (pydoc_data.topics, English), the built-in "python-source" one (Python
 code; asteria_core/train/data.py), and a file the user names (`--corpus PATH`).
 
+Arrangements (asteria_bench/turns.py ARRANGEMENTS): every run above trains in the "shared" one,
+this machine as it is (training's threads and Asteria's worker on the same 2 cores). On the
+first corpus, tuned AdamW, tuned native SOAP and Asteria-SOAP train once more in "device-host",
+the stand-in for a GPU and its host (training on core 0 with one thread, Asteria's worker on
+core 1, native SOAP refreshing inline on core 0): wall-clock to the target depends on where the
+refresh runs, so every wall-clock figure names its arrangement.
+
 Energy comes from the step records' energy section: a measured source where one exists (nvml,
 rapl), otherwise the telemetry's model estimate (process CPU seconds, worker threads included,
 x 15 W, `--telemetry.model_cpu_watts 15`), labelled an estimate. For the estimate, the
@@ -34,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asteria_bench import turns
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
 from asteria_core.cli import resolve_config
@@ -73,6 +81,9 @@ class Sizes:
     """Built-in corpora: "default" and/or "python-source"; a --corpus file is added to these."""
     overrides: tuple[str, ...] = ()
     """Extra trainer overrides (e.g. a smaller model for tests)."""
+    device_host: tuple[str, ...] = ()
+    """Families trained once more in the device-host arrangement, at their tuned lr, on the
+    first corpus (Asteria-SOAP at native SOAP's tuned lr, as in the shared one)."""
     notes: tuple[str, ...] = field(default=())
 
 
@@ -82,11 +93,13 @@ QUICK = Sizes(steps=150, eval_interval=25, eval_batches=10, adamw_lrs=(3e-3,),
               notes=("quick: AdamW's lr grid skipped (3e-3 only, the best of {1e-3, 3e-3, 1e-2} "
                      "in the full run); second-order lr 1e-2 only (their best in the full "
                      "grid); Asteria-SOAP and Shampoo left out; 150 steps; default corpus only "
-                     "(plus --corpus if given)",))
+                     "(plus --corpus if given); the shared arrangement only",))
 FULL = Sizes(steps=500, eval_interval=25, eval_batches=10, adamw_lrs=(1e-3, 3e-3, 1e-2),
              second_order_lrs=(3e-3, 1e-2),
              configs=("adamw", "soap", "asteria_soap", "shampoo", "kl_shampoo"),
-             corpora=("default", "python-source"))
+             corpora=("default", "python-source"),
+             device_host=("adamw", "soap", "asteria_soap"))
+SHARED, DEVICE_HOST = "shared", "device-host"
 
 FAMILIES = {  # key: (label, optim.name, extra overrides)
     "adamw": ("AdamW", "adamw", ()),
@@ -189,17 +202,28 @@ def peer_factory(name: str, config):
 
 def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchOptions,
               tmp: Path) -> dict[str, Any]:
-    """Train one configuration; its curve (step, val loss, wall-clock, energy) and raw steps."""
+    """Train one configuration in its arrangement; its curve (step, val loss, wall-clock,
+    energy) and raw steps. The device-host arrangement pins the calling thread while it trains
+    (train.cpus); it gets its CPUs back after."""
+    with turns.main_thread_cpus():
+        return _train_one(spec, corpus_path, sizes, opts, tmp)
+
+
+def _train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchOptions,
+               tmp: Path) -> dict[str, Any]:
     # A peer runs with our SOAP's config (its factory reads the hyperparameters from it).
     _label, name, extra = FAMILIES["soap" if spec.get("peer") else spec["family"]]
+    arrangement = spec.setdefault("arrangement", SHARED)
     threads = max(1, min(len(os.sched_getaffinity(0)), MACHINE.max_threads))
     args = ["--train.steps", str(sizes.steps), "--train.out_dir", str(tmp),
             "--train.threads", str(threads),
             "--train.eval_interval", str(sizes.eval_interval),
             "--train.eval_batches", str(sizes.eval_batches), "--train.device", opts.device,
             "--data.corpus", corpus_path, "--optim.name", name, "--optim.lr", str(spec["lr"]),
-            "--telemetry.model_cpu_watts", str(MODEL_CPU_WATTS), *extra, *sizes.overrides]
+            "--telemetry.model_cpu_watts", str(MODEL_CPU_WATTS), *extra, *sizes.overrides,
+            *turns.arrangement_args(arrangement)]
     config = resolve_config(None, args)
+    threads = config.train.threads
     factory = peer_factory(spec["peer"], config) if spec.get("peer") else None
     trainer = Trainer(config, jsonl=False, optimizer_factory=factory)
     records: list[StepRecord] = []
@@ -216,7 +240,8 @@ def train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: BenchO
     t0 = time.perf_counter()
     curve = [{"step": 0, "val_loss": evaluate(), "wall_s": 0.0, "energy_j": 0.0}]
     source, wall = None, 0.0
-    bar = progress(sizes.steps, f"{spec['label']} lr {_lr(spec['lr'])} [{spec['corpus']}]", opts)
+    bar = progress(sizes.steps, f"{spec['label']} lr {_lr(spec['lr'])} [{spec['corpus']}, "
+                                f"{arrangement}]", opts)
     try:
         for step in range(1, sizes.steps + 1):
             if trainer.runtime.stop_requested:  # e.g. refreshes failed past the limit
@@ -280,9 +305,17 @@ def _peer_label(name: str) -> str:
     return peers.peer_label(name)
 
 
-def best_of(runs: list[dict[str, Any]], family: str) -> dict[str, Any] | None:
-    """The tuned run of a family: the lowest final validation loss over its lr grid."""
-    found = [r for r in runs if r["family"] == family and math.isfinite(r["final_val_loss"])]
+def arrangement_of(run: dict[str, Any]) -> str:
+    """Where a run trained (runs saved before arrangements were named trained shared)."""
+    return run.get("arrangement", SHARED)
+
+
+def best_of(runs: list[dict[str, Any]], family: str,
+            arrangement: str = SHARED) -> dict[str, Any] | None:
+    """The tuned run of a family in an arrangement: the lowest final validation loss over its lr
+    grid (the device-host arrangement trains the tuned lr only)."""
+    found = [r for r in runs if r["family"] == family and arrangement_of(r) == arrangement
+             and math.isfinite(r["final_val_loss"])]
     return min(found, key=lambda r: r["final_val_loss"]) if found else None
 
 
@@ -320,8 +353,9 @@ def run(opts: BenchOptions) -> SuiteResult:
                 check_split(body, sizes)
             result.config["corpora"][key] = {"description": text, "bytes": len(body.encode()),
                                              "path": path or None}
-        for key, path, _text in corpora:
-            corpus_runs = train_corpus(key, path, sizes, opts, tmp, result)
+        for i, (key, path, _text) in enumerate(corpora):
+            corpus_runs = train_corpus(key, path, sizes, opts, tmp, result,
+                                       device_host=sizes.device_host if i == 0 else ())
             report_corpus(result, key, corpus_runs, opts.out_dir)
             result.save(opts.out_dir)
     headline(result)
@@ -330,12 +364,15 @@ def run(opts: BenchOptions) -> SuiteResult:
 
 
 def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Path,
-                 result: SuiteResult) -> list[dict[str, Any]]:
-    """Every configuration on one corpus, saving the suite's JSON after each."""
+                 result: SuiteResult, device_host: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every configuration on one corpus, saving the suite's JSON after each; then the
+    `device_host` families again in that arrangement, at their tuned lr."""
     runs: list[dict[str, Any]] = []
 
-    def one(family: str, lr: float, label: str, peer: str | None = None) -> None:
-        spec = {"corpus": key, "family": family, "label": label, "lr": lr, "peer": peer}
+    def one(family: str, lr: float, label: str, peer: str | None = None,
+            arrangement: str = SHARED) -> None:
+        spec = {"corpus": key, "family": family, "label": label, "lr": lr, "peer": peer,
+                "arrangement": arrangement}
         out = train_one(spec, path, sizes, opts, tmp)
         runs.append(out)
         result.runs.append(out)
@@ -353,6 +390,16 @@ def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Pat
         one("asteria_soap", soap_lr, FAMILIES["asteria_soap"][0])
     for name in _peer_names(opts):
         one(f"peer:{name}", soap_lr, _peer_label(name), peer=name)
+    if device_host:
+        try:
+            turns.arrangement_args(DEVICE_HOST)
+        except ValueError as err:  # a machine with one CPU
+            result.config["device_host_skipped"] = str(err)
+            device_host = ()
+    for family in device_host:
+        tuned = best_of(runs, family)
+        if tuned is not None:
+            one(family, tuned["lr"], tuned["label"], arrangement=DEVICE_HOST)
     return runs
 
 
@@ -373,18 +420,22 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
     if adamw is None:
         return
     target = adamw["final_val_loss"]
-    base = reach(adamw["curve"], target)
     for r in runs:
-        r["tuned"] = r is best_of(runs, r["family"])
+        # Ratios against tuned AdamW in the same arrangement; the target is the shared one's.
+        reference = best_of(runs, "adamw", arrangement_of(r)) or adamw
+        base = reach(reference["curve"], target)
+        r["tuned"] = r is best_of(runs, r["family"], arrangement_of(r))
         r["target_loss"] = target
         r["to_target"] = reach(r["curve"], target)
         got = r["to_target"] or {}
         r["steps_ratio"] = ratio(got.get("step"), base and base["step"])
         r["wall_ratio"] = ratio(got.get("wall_s"), base and base["wall_s"])
         r["energy_to_target_ratio"] = ratio(got.get("energy_j"), base and base["energy_j"])
-        r["energy_ratio"] = ratio(r["energy_j"], adamw["energy_j"])
+        r["energy_ratio"] = ratio(r["energy_j"], reference["energy_j"])
         r["efficiency"] = efficiency(r["l_init"], r["final_val_loss"], r["energy_j"],
-                                     adamw["energy_j"])
+                                     reference["energy_j"])
+    arranged = [r for r in runs if arrangement_of(r) != SHARED]
+    runs = [r for r in runs if arrangement_of(r) == SHARED]
     source = adamw["energy_label"]
     desc = result.config["corpora"][key]["description"]
     table = result.table(
@@ -397,7 +448,8 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
              "Steps and seconds to it: the first evaluation at or below it, interpolated "
              "linearly with the evaluation before; '-' means never reached. 'vs AdamW': this "
              "run's figure over tuned AdamW's (below 1: fewer). Wall-clock: training steps only, "
-             f"on a shared machine. Energy: {source}. Efficiency: (L_init - L_final) / "
+             f"in the shared arrangement ({turns.ARRANGEMENTS[SHARED]}). Energy: {source}. "
+             "Efficiency: (L_init - L_final) / "
              "(E / E_AdamW) with E the whole run's energy (every run trains the same steps), "
              "in loss units (AdamW's own is its loss reduction).")
     for r in runs:
@@ -410,6 +462,8 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
                   _fmt(r["energy_j"], ".0f"), _fmt(r["efficiency"], ".3f"))
     result.plots.append(plot_corpus(runs, key, desc, target, out_dir))
     findings_corpus(result, key, desc, runs, adamw)
+    if arranged:
+        report_arrangements(result, key, desc, runs + arranged)
 
 
 def plot_corpus(runs: list[dict[str, Any]], key: str, desc: str, target: float,
@@ -500,8 +554,53 @@ def findings_corpus(result: SuiteResult, key: str, desc: str, runs: list[dict[st
             f"{native['final_val_loss']:.4f}, AdamW's loss reached: {reached[1]} "
             f"vs {reached[0]}, median step {ours['step_ms_median']:.0f} vs "
             f"{native['step_ms_median']:.0f} ms, training wall-clock {ours['wall_s']:.0f} vs "
-            f"{native['wall_s']:.0f} s (with {ours['torch_threads']} training threads on "
-            f"{cores} cores, the worker {shares}).")
+            f"{native['wall_s']:.0f} s (shared arrangement: {ours['torch_threads']} training "
+            f"threads on {cores} cores, the worker {shares}).")
+
+
+def report_arrangements(result: SuiteResult, key: str, desc: str,
+                        runs: list[dict[str, Any]]) -> None:
+    """Wall-clock to the target of the same tuned configurations in each arrangement: where the
+    refresh runs decides it, so a user sees which figure comes from which."""
+    families = list(dict.fromkeys(r["family"] for r in runs if arrangement_of(r) != SHARED))
+    table = result.table(
+        f"Wall-clock to tuned AdamW's loss by arrangement, {desc} corpus",
+        ["optimizer", "arrangement", "lr", "final val loss", "steps to AdamW's loss",
+         "wall-clock to target s", "wall-clock vs AdamW", "median step ms",
+         "train wall-clock s"],
+        note="The same tuned configurations trained in each arrangement (asteria_bench/turns.py)"
+             ": " + "; ".join(f"{name}: {text}" for name, text in turns.ARRANGEMENTS.items())
+             + ". 'vs AdamW': over tuned AdamW's wall-clock to the target in the same "
+             "arrangement.")
+    pairs: dict[str, dict[str, dict[str, Any]]] = {}
+    for family in families:
+        for arrangement in turns.ARRANGEMENTS:
+            r = best_of(runs, family, arrangement)
+            if r is None:
+                continue
+            pairs.setdefault(arrangement, {})[family] = r
+            got = r["to_target"] or {}
+            table.add(r["label"], arrangement, _lr(r["lr"]), f"{r['final_val_loss']:.4f}",
+                      _fmt(got.get("step"), ".0f"), _fmt(got.get("wall_s"), ".1f"),
+                      _fmt(r["wall_ratio"], ".2f"), f"{r['step_ms_median']:.0f}",
+                      f"{r['wall_s']:.1f}")
+    said = []
+    for arrangement, by_family in pairs.items():
+        native, ours = by_family.get("soap"), by_family.get("asteria_soap")
+        if not (native and ours):
+            continue
+        seconds = [x["to_target"]["wall_s"] if x["to_target"] else None for x in (ours, native)]
+        reached = "never reached" if None in seconds else \
+            f"{seconds[0]:.0f} s against {seconds[1]:.0f} s ({seconds[0] / seconds[1]:.2f}x)"
+        said.append(f"{arrangement}: {reached}, median step {ours['step_ms_median']:.0f} "
+                    f"against {native['step_ms_median']:.0f} ms")
+    if said:
+        result.findings.append(
+            f"On the {key} corpus, Asteria-SOAP's wall-clock to tuned AdamW's loss against "
+            f"native SOAP's, by arrangement: {'; '.join(said)}. On shared cores Asteria's "
+            "worker takes CPU from training; in the device-host arrangement it refreshes on a "
+            "core training does not use, as a GPU's host would, while native SOAP refreshes "
+            "inline on the training core.")
 
 
 def grid_findings(result: SuiteResult, key: str, runs: list[dict[str, Any]]) -> None:

@@ -23,8 +23,9 @@ one interval, the *refresh duty* (above 1 the worker cannot keep up: staleness i
 S and the step waits, as refresh_wait), the staleness reached against S, refresh_wait and
 basis-swap time per step (the swap measured as the training thread's CPU inside
 `apply_refresh`), optimizer-state bytes by kind (moments, factors, bases) and the peak RSS of
-the size (VmHWM, reset before it through /proc/self/clear_refs; all arms are resident
-together). Every figure is then fitted against the parameter count on log-log axes: the fitted
+the size (VmHWM of the process that trained it: the arms of a size and arrangement take their
+turns in a process of their own, AdamW with native and Asteria SOAP at the defaults, the two at
+BLOCK in a second one, so one size's memory is gone before the next is built). Every figure is then fitted against the parameter count on log-log axes: the fitted
 exponent k says how it grows (k = 1: in proportion to the parameters).
 
 Tokens per step: at one size, AdamW and Asteria-SOAP at growing batches; SOAP's projections cost
@@ -34,8 +35,10 @@ the same whatever the batch, so its overhead over AdamW falls as the tokens per 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import shutil
 import statistics
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -188,6 +191,24 @@ def spike_max(run: dict[str, Any]) -> float:
                for t in (steady[i:i + INTERVAL] for i in range(0, len(steady), INTERVAL)))
 
 
+def groups(chosen: list[Arm]) -> list[list[Arm]]:
+    """The arms that take turns together: AdamW with native and Asteria SOAP at the references'
+    defaults, and the two at BLOCK on their own (each pair is compared side by side in one
+    group; at 12 x 768 five SOAP-sized arms at once would not fit this machine's memory)."""
+    first = [a for a in chosen if not a.key.endswith("_block")]
+    block = [a for a in chosen if a.key.endswith("_block")]
+    return [first, block] if block else [first]
+
+
+def in_child(fn, *args):
+    """`fn(*args)` in a fresh process, which ends with it: the memory of one size's arms goes
+    back to the machine before the next size is built (freed tensors stay in a process's heap,
+    and at 12 x 768 five SOAP arms need most of this machine's memory). Spawned, not forked:
+    a fork would inherit torch's thread pools."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def train_arms(rung: Rung, chosen: list[Arm], arrangement: str, opts: BenchOptions,
                out_dir: Path) -> tuple[list[dict], int | None]:
     """Every chosen arm's figures at one size in one arrangement (interleaved turns), and the
@@ -313,8 +334,13 @@ def run(opts: BenchOptions) -> SuiteResult:
     for rung in ladder:
         size: dict[str, Any] = {"size": rung.name, "runs": {}, "peak_rss_bytes": {}}
         for arrangement in turns.ARRANGEMENTS:
-            runs, peak = train_arms(rung, arms(rung, arrangement), arrangement, opts,
+            runs, peaks = [], []
+            for group in groups(arms(rung, arrangement)):
+                got, top = in_child(train_arms, rung, group, arrangement, opts,
                                     root / rung.name.replace(" ", "") / arrangement)
+                runs += got
+                peaks += [top] if top else []
+            peak = max(peaks, default=None)
             size["params"] = runs[0]["params"]
             size["runs"][arrangement] = {r["arm"]: r for r in runs}
             size["peak_rss_bytes"][arrangement] = peak

@@ -18,7 +18,7 @@ TINY = suite.Sizes(
     overrides=("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16",
                "--model.block_size", "16", "--data.batch_size", "2",
                "--optim.warmup_steps", "2"),
-    notes=("tiny: the test's size",))
+    notes=("tiny: the test's size",), device_host=("adamw", "soap", "asteria_soap"))
 
 
 def options(tmp_path: Path, corpus: str | None = None) -> BenchOptions:
@@ -87,8 +87,9 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     assert data["suite"] == "optimizers" and data["quick"] is True
     assert set(data["config"]["corpora"]) == {"default", "python-source", "user"}
     assert data["config"]["lr_grid_skipped"] is False
-    # per corpus: 2 AdamW lrs, SOAP, Asteria-SOAP, KL-Shampoo
-    assert len(data["runs"]) == 3 * 5
+    # per corpus: 2 AdamW lrs, SOAP, Asteria-SOAP, KL-Shampoo; on the first corpus the tuned
+    # AdamW, SOAP and Asteria-SOAP once more in the device-host arrangement
+    assert len(data["runs"]) == 3 * 5 + 3
     for run in data["runs"]:
         assert len(run["step_ms"]) == TINY.steps  # every raw step time
         assert [p["step"] for p in run["curve"]] == [0, 3, 6]
@@ -103,7 +104,22 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     asteria = next(r for r in data["runs"]
                    if r["corpus"] == "default" and r["family"] == "asteria_soap")
     assert asteria["lr"] == soap["lr"]
-    assert len(data["tables"]) == 3
+    arranged = [r for r in data["runs"] if r["arrangement"] == "device-host"]
+    assert [(r["corpus"], r["family"]) for r in arranged] == [
+        ("default", "adamw"), ("default", "soap"), ("default", "asteria_soap")]
+    assert arranged[0]["lr"] == adamw["lr"] and arranged[2]["lr"] == soap["lr"]
+    assert all(r["torch_threads"] == 1 for r in arranged)
+    assert arranged[0]["tuned"] and arranged[0]["wall_ratio"] == pytest.approx(1.0)
+    assert {r["arrangement"] for r in data["runs"]} == {"shared", "device-host"}
+    assert len(data["tables"]) == 4  # three corpora and the default one's arrangements
+    by_arrangement = data["tables"][1]
+    assert by_arrangement["columns"][:2] == ["optimizer", "arrangement"]
+    assert [row[:2] for row in by_arrangement["rows"]] == [
+        ["AdamW", "shared"], ["AdamW", "device-host"], ["SOAP (native)", "shared"],
+        ["SOAP (native)", "device-host"], ["Asteria-SOAP", "shared"],
+        ["Asteria-SOAP", "device-host"]]
+    assert any("by arrangement: shared:" in f and "device-host:" in f
+               for f in data["findings"])
     assert data["tables"][0]["columns"][:4] == ["optimizer", "lr", "tuned", "final val loss"]
     for plot in data["plots"]:
         assert (tmp_path / "out" / plot["file"]).is_file()
