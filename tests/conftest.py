@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -19,6 +21,16 @@ def tiny_config(tmp_path, **train) -> RunConfig:
         data=DataConfig(batch_size=4),
         train=TrainConfig(**train_kw),
     )
+
+
+@pytest.fixture(autouse=True)
+def keep_main_module():
+    """Streamlit's AppTest runs a page as `__main__` and leaves it there; a process spawned
+    later in the same test process (a process refresh worker, a benchmark's child) would then
+    run that page again as its main module and die. Every test gets the real one back."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 @pytest.fixture
