@@ -33,7 +33,7 @@ import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asteria_core.train.config import ConfigError, RunConfig
+from asteria_core.train.config import RESUME_AUTO, ConfigError, RunConfig
 from asteria_core.train.config_docs import describe_keys, section_summary
 from asteria_core.train.config_io import (
     build_config,
@@ -220,7 +220,7 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
                   f"checkpoints in {trainer.run_dir / 'rank<r>'}", flush=True)
         resumed = trainer.config.train.resume
         if resumed:
-            print(f"asteria: resumed {resumed} at step {trainer.step}" if resumed != "auto"
+            print(f"asteria: resumed {resumed} at step {trainer.step}" if resumed != RESUME_AUTO
                   else f"asteria: train.resume = auto: no checkpoint in {config.train.out_dir}; "
                   "a fresh run", flush=True)
     failed = None

@@ -20,14 +20,44 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from asteria_core.machine import MACHINE
 
-SWAP_MODES = ("deterministic", "opportunistic")
-PRIORITIES = ("stale_then_cost", "fifo")
-WORKER_KINDS = ("thread", "process")
-OFFLOAD_MODES = ("none", "host", "disk", "auto")
+
+# The policy's choices. A Policy holds each as the plain string (so a policy travels in JSON,
+# checkpoints and HTTP as it is), always one of its enum's values; code compares with members.
+class SwapMode(StrEnum):
+    DETERMINISTIC = "deterministic"  # swap a basis from step-t statistics at t + d
+    OPPORTUNISTIC = "opportunistic"  # swap as soon as ready, wait only at the bound
+
+
+class Priority(StrEnum):
+    STALE_THEN_COST = "stale_then_cost"
+    FIFO = "fifo"
+
+
+class WorkerKind(StrEnum):
+    THREAD = "thread"
+    PROCESS = "process"
+
+
+class OffloadMode(StrEnum):
+    NONE = "none"
+    HOST = "host"
+    DISK = "disk"
+    AUTO = "auto"  # placement by the budgets
+
+
+class FieldKind(StrEnum):
+    """What a policy field holds (PolicyField.kind)."""
+
+    INT = "int"
+    AUTO_OR_INT = "auto_or_int"  # "auto" or an integer
+    CHOICE = "choice"
+    BOOL = "bool"
+    STR = "str"
 
 
 class PolicyError(ValueError):
@@ -49,8 +79,7 @@ class PolicyField:
     `policy_fields`), so a range or a choice is written in one place only.
     """
 
-    kind: str
-    """int | auto_or_int ("auto" or an integer) | choice | bool | str."""
+    kind: FieldKind
     title: str
     """A short label (what a form shows)."""
     help: str
@@ -65,19 +94,19 @@ class PolicyField:
     def allowed(self) -> str:
         """What a valid value is, in the words of a PolicyError message."""
         integer = f"an integer in [{self.minimum}, {self.maximum}]"
-        return {"int": integer, "auto_or_int": f'"{AUTO}" or {integer}',
-                "choice": " | ".join(self.choices), "bool": "true | false",
-                "str": f"a string of at most {self.max_length} characters"}[self.kind]
+        return {FieldKind.INT: integer, FieldKind.AUTO_OR_INT: f'"{AUTO}" or {integer}',
+                FieldKind.CHOICE: " | ".join(self.choices), FieldKind.BOOL: "true | false",
+                FieldKind.STR: f"a string of at most {self.max_length} characters"}[self.kind]
 
     def accepts(self, value: Any) -> bool:
-        if self.kind == "auto_or_int" and value == AUTO:
+        if self.kind == FieldKind.AUTO_OR_INT and value == AUTO:
             return True
-        if self.kind in ("int", "auto_or_int"):
+        if self.kind in (FieldKind.INT, FieldKind.AUTO_OR_INT):
             return (isinstance(value, int) and not isinstance(value, bool)
                     and self.minimum <= value <= self.maximum)
-        if self.kind == "choice":
+        if self.kind == FieldKind.CHOICE:
             return isinstance(value, str) and value in self.choices
-        if self.kind == "bool":
+        if self.kind == FieldKind.BOOL:
             return isinstance(value, bool)
         return isinstance(value, str) and len(value) <= self.max_length
 
@@ -95,23 +124,26 @@ def _field(default: Any, spec: PolicyField) -> Any:
 
 
 def _int(default: int, lo: int, hi: int, title: str, doc: str) -> Any:
-    return _field(default, PolicyField("int", title, doc, minimum=lo, maximum=hi))
+    return _field(default, PolicyField(FieldKind.INT, title, doc, minimum=lo, maximum=hi))
 
 
 def _auto_or_int(default: int | str, lo: int, hi: int, title: str, doc: str) -> Any:
-    return _field(default, PolicyField("auto_or_int", title, doc, minimum=lo, maximum=hi))
+    return _field(default, PolicyField(FieldKind.AUTO_OR_INT, title, doc, minimum=lo,
+                                       maximum=hi))
 
 
-def _choice(default: str, choices: tuple[str, ...], title: str, doc: str) -> Any:
-    return _field(default, PolicyField("choice", title, doc, choices=choices))
+def _choice(default: StrEnum, title: str, doc: str) -> Any:
+    """A field holding one of `default`'s enum's values (as its plain string)."""
+    choices = tuple(m.value for m in type(default))
+    return _field(default.value, PolicyField(FieldKind.CHOICE, title, doc, choices=choices))
 
 
 def _bool(default: bool, title: str, doc: str) -> Any:
-    return _field(default, PolicyField("bool", title, doc))
+    return _field(default, PolicyField(FieldKind.BOOL, title, doc))
 
 
 def _str(default: str, max_length: int, title: str, doc: str) -> Any:
-    return _field(default, PolicyField("str", title, doc, max_length=max_length))
+    return _field(default, PolicyField(FieldKind.STR, title, doc, max_length=max_length))
 
 
 MAX_STEPS = 1_000_000
@@ -138,7 +170,7 @@ class Policy:
         '"auto" follows the staleness bound (d = S, read at each boundary), which gives pacing '
         "the most steps to spread a round over.")
     swap_mode: str = _choice(
-        "deterministic", SWAP_MODES, "Swap mode",
+        SwapMode.DETERMINISTIC, "Swap mode",
         "deterministic (swap at t + d) | opportunistic (swap as soon as ready, wait only at the "
         "bound).")
     workers: int = _int(
@@ -150,7 +182,7 @@ class Policy:
         1, 1, MACHINE.max_threads, "Threads per worker",
         f"torch intra-op threads per refresh worker; at most the cores ({MACHINE.max_threads}).")
     worker_kind: str = _choice(
-        "thread", WORKER_KINDS, "Worker kind",
+        WorkerKind.THREAD, "Worker kind",
         "thread | process: where refreshes run (processes can be killed when one hangs).")
     worker_nice: int = _int(
         0, 0, 19, "Worker niceness (0-19)",
@@ -162,7 +194,7 @@ class Policy:
         "refresh a worker is already running gets 4 x max(this, its expected time from the "
         "refresh rate seen so far), so a wide factor still computing is not taken for hung.")
     priority: str = _choice(
-        "stale_then_cost", PRIORITIES, "Refresh queue order",
+        Priority.STALE_THEN_COST, "Refresh queue order",
         "stale_then_cost (most stale, then most expensive) | fifo.")
     pace: bool = _bool(
         True, "Pace refreshes",
@@ -183,7 +215,7 @@ class Policy:
         "", 4096, "Disk tier folder",
         "Folder of the disk tier; empty means a folder inside the run directory.")
     offload_mode: str = _choice(
-        "none", OFFLOAD_MODES, "Offload mode", "none | host | disk | auto (placement by budgets).")
+        OffloadMode.NONE, "Offload mode", "none | host | disk | auto (placement by budgets).")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # types, ranges and choices, from each field's spec
@@ -191,11 +223,11 @@ class Policy:
         if self.swap_delay != AUTO and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
-        if self.worker_kind == "process" and self.workers > MACHINE.max_process_workers:
+        if self.worker_kind == WorkerKind.PROCESS and self.workers > MACHINE.max_process_workers:
             raise PolicyError("workers", f"got {self.workers} process workers; allowed: at most "
                                          f"{MACHINE.max_process_workers} on this machine "
                                          f"({MACHINE.describe()}, about 512 MiB each)")
-        if self.swap_mode == "opportunistic" and self.workers == 0:
+        if self.swap_mode == SwapMode.OPPORTUNISTIC and self.workers == 0:
             raise PolicyError("workers", "got 0; allowed: at least 1 in opportunistic mode "
                                          "(0 workers computes inline, which is deterministic)")
 

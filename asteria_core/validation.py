@@ -22,10 +22,6 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def positive_int(key: str, value: int) -> None:
-    check(is_int(value) and value > 0, key, value, "an integer > 0")
-
-
 def non_negative_int(key: str, value: int) -> None:
     check(is_int(value) and value >= 0, key, value, "an integer >= 0")
 

@@ -73,11 +73,14 @@ def section_model(cls: type) -> type[BaseModel]:
     """Every key of one config section, optional (omitted keys take the default shown)."""
     hints, docs = typing.get_type_hints(cls), attribute_docs(cls)
     limits = getattr(cls, "LIMITS", {})  # integer bounds, some derived from the machine
+    choices = getattr(cls, "CHOICES", {})  # the values a key allows (validated by the section)
     fields = {}
     for f in dataclasses.fields(cls):
         lo, hi = limits.get(f.name, (None, None))
+        enum = {"enum": list(choices[f.name])} if f.name in choices else None
         fields[f.name] = (json_type(hints[f.name]), Field(default=f.default, ge=lo, le=hi,
-                                                          description=docs.get(f.name)))
+                                                          description=docs.get(f.name),
+                                                          json_schema_extra=enum))
     # Unknown keys pass through to config_from_dict, whose 422 lists the allowed keys; the
     # document still says there are none.
     config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})

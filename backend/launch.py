@@ -48,7 +48,7 @@ from asteria_core.cli import to_toml
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.train.progress import progress_bar, progress_figures
-from backend.runs import RESUMABLE
+from backend.run_states import RESUMABLE
 from backend.settings import Settings
 
 DASHBOARD_PORT = 8501

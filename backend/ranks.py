@@ -39,11 +39,13 @@ from pydantic import BaseModel, Field
 
 from asteria_core.distributed.metrics import TARGET_FILE
 from asteria_core.runtime import Runtime
-from asteria_core.telemetry.reporter import IDLE_CAUSES
+from asteria_core.telemetry.labels import IDLE_CAUSES, IdleCause
 
 TARGETS_DIR = "targets"
 MAX_RANKS = 128
 """Ranks shown; a larger run lists its first MAX_RANKS (`truncated`)."""
+STACK_ORDER = (IdleCause.SYNC_WAIT.value,
+               *(c for c in IDLE_CAUSES if c != IdleCause.SYNC_WAIT))
 MAX_TARGET_BYTES = 16 * 1024
 MAX_TARGET_DEPTH = 8
 MAX_TARGET_NODES = 256
@@ -106,6 +108,10 @@ class RanksPublic(BaseModel):
     detail: str = Field(description="What the list holds, or why it is empty.")
     read_at: float = Field(description="Unix time the figures were read.")
     ranks: list[RankPublic]
+    idle_causes: list[str] = Field(
+        default_factory=lambda: list(STACK_ORDER),
+        description="The causes of each rank's idle_seconds, in the order a stacked chart "
+                    "shows them: sync_wait (the data-parallel wait) first, at the bottom.")
 
 
 # ---------------------------------------------------------------------- target files

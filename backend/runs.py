@@ -12,7 +12,6 @@ one from its checkpoint need a run the server launched: for an attached run they
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import queue
 import threading
@@ -24,18 +23,16 @@ from typing import Any
 
 from asteria_core.policy import LivePolicy, Policy, PolicyChange
 from asteria_core.runtime import Runtime
-from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.trainer import Trainer
-from backend import public
-from backend.events import Broadcaster, Event
+from backend.events import Broadcaster
 from backend.live import LiveView
+from backend.recorder import RunRecorder
+from backend.run_states import RESUMABLE, RunCommand, RunStatus
 from backend.store import RunStore
 
 log = logging.getLogger(__name__)
-COMMANDS = ("pause", "resume", "stop", "checkpoint")
-RESUMABLE = ("interrupted", "stopped", "failed")
 
 
 class RunNotFound(LookupError):
@@ -59,8 +56,8 @@ class ActiveRun:
     """True for a user's runtime served with `backend.serve`; False for a launched run."""
     thread: threading.Thread | None = None
     paused: bool = False
-    live: LiveView | None = None
-    """The run's row and newest steps, served to polling clients from memory."""
+    recorder: RunRecorder | None = None
+    """Its store rows, live view and events (backend/recorder.py)."""
     unbind: list = field(default_factory=list)
     """Removers of the listeners this manager added to the runtime."""
     resume_step: int | None = None
@@ -95,8 +92,8 @@ class RunManager:
 
     def _live(self, run_id: str) -> LiveView | None:
         active = self._active
-        if active is not None and active.run_id == run_id:
-            return active.live
+        if active is not None and active.run_id == run_id and active.recorder is not None:
+            return active.recorder.live
         return None
 
     def live_run_json(self, run_id: str, anonymous: bool = False) -> bytes | None:
@@ -137,7 +134,7 @@ class RunManager:
         row = self.get(run_id)
         active = self._active
         if active is not None and active.run_id == run_id:
-            active.commands.put("resume")
+            active.commands.put(RunCommand.RESUME)
             return self.get(run_id)
         if row["config"].get("runtime", {}).get("attached"):
             raise RunConflict(f"run {run_id} was attached by a script; resume it from the "
@@ -155,7 +152,7 @@ class RunManager:
             self._check_idle()
             active = ActiveRun(run_id, config, self._stored_policy(row),
                                resume_step=row["checkpoint_step"] or 0)
-            self.store.set_status(run_id, "running", checked=True)
+            self.store.set_status(run_id, RunStatus.RUNNING, checked=True)
             self._launch(active)
         return self.get(run_id)
 
@@ -187,10 +184,10 @@ class RunManager:
         return live
 
     def command(self, run_id: str, command: str) -> dict[str, Any]:
-        if command == "resume":
+        if command == RunCommand.RESUME:
             return self.resume(run_id)
         active = self._require_active(run_id)
-        if command == "checkpoint" and active.attached:
+        if command == RunCommand.CHECKPOINT and active.attached:
             raise RunConflict(f"run {run_id} is attached by a script, which owns its model and "
                               "checkpoints; the control plane checkpoints only runs it launched")
         active.commands.put(command)
@@ -222,7 +219,7 @@ class RunManager:
         if active.attached:
             self.detach()
             return
-        active.commands.put("stop")
+        active.commands.put(RunCommand.STOP)
         if active.thread is not None:
             active.thread.join(timeout)
 
@@ -239,9 +236,9 @@ class RunManager:
             self.store.create_run(active.run_id, config, str(runtime.run_dir), total_steps)
             self.store.set_policy(active.run_id, runtime.policy.current.to_dict(),
                                   runtime.policy.version)
-            active.live = LiveView(self.store.get_run(active.run_id), window=self.live_window)
-            active.live.update(status="running", step=runtime.step,
-                               policy_version=runtime.policy.version)
+            active.recorder = self._recorder(active.run_id)
+            active.recorder.created(status=RunStatus.RUNNING, step=runtime.step,
+                                    policy_version=runtime.policy.version)
             self._bind(active, runtime)
             self._active = active
         return self.get(active.run_id)
@@ -255,11 +252,12 @@ class RunManager:
         for remove in active.unbind:
             remove()
         runtime = active.runtime
-        status = "finished" if runtime.closed and not runtime.stop_requested else "stopped"
-        self.store.set_status(active.run_id, status)
+        status = RunStatus.FINISHED if runtime.closed and not runtime.stop_requested \
+            else RunStatus.STOPPED
+        active.recorder.ended(status)
         with self._lock:
             self._active = None
-        self.events.publish(Event("status", active.run_id, {"status": status, "error": None}))
+        active.recorder.announce_end(status)
 
     def _refuse_if_attached(self, what: str) -> None:
         active = self._active
@@ -271,11 +269,14 @@ class RunManager:
         if self._active is not None:
             raise RunConflict(f"run {self._active.run_id} is active; one active run per trainer")
 
+    def _recorder(self, run_id: str) -> RunRecorder:
+        return RunRecorder(run_id, self.store, self.events, self.live_window)
+
     def _launch(self, active: ActiveRun) -> None:
-        active.live = LiveView(self.store.get_run(active.run_id), window=self.live_window)
-        active.live.update(status="running", policy_version=active.policy.version)
+        active.recorder = self._recorder(active.run_id)
+        active.recorder.created(status=RunStatus.RUNNING, policy_version=active.policy.version)
         if active.resume_step is not None:  # the records after it are trained again
-            active.live.update(step=active.resume_step)
+            active.recorder.live.update(step=active.resume_step)
         self._active = active
         active.thread = threading.Thread(target=self._train, args=(active,),
                                          name=f"train-{active.run_id}", daemon=True)
@@ -283,73 +284,40 @@ class RunManager:
 
     # ------------------------------------------------------------------ training thread
     def _train(self, active: ActiveRun) -> None:
-        status, error = "failed", None
+        status, error = RunStatus.FAILED, None
         try:
-            active.policy.add_listener(lambda change: self._on_policy(active, change))
+            active.policy.add_listener(
+                lambda change: active.recorder.policy_changed(active.policy, change))
             if active.resume_step is not None:  # as at the boundary after the checkpoint's step
                 active.policy.apply_pending(active.resume_step)
             trainer = Trainer(active.config, run_id=active.run_id, policy=active.policy)
             if active.config.train.resume:
-                self._rewind(active, trainer)
+                active.recorder.rewind(trainer.step, trainer.run_dir / "steps.jsonl")
             active.trainer, active.runtime = trainer, trainer.runtime
             self._bind(active, trainer.runtime)
-            trainer.checkpoint_sinks.append(lambda step, path: self._on_checkpoint(active, step))
+            trainer.checkpoint_sinks.append(lambda step, path: active.recorder.checkpointed(step))
             try:
                 result = trainer.train(progress=False)
             finally:
                 trainer.close()
-            status = "stopped" if result.stopped_early else "finished"
+            status = RunStatus.STOPPED if result.stopped_early else RunStatus.FINISHED
         except Exception as err:  # the run fails; the server and the history stay
             log.exception("run %s failed", active.run_id)
             error = f"{type(err).__name__}: {err}"
         finally:
-            self.store.set_status(active.run_id, status, error=error)
+            active.recorder.ended(status, error)
             with self._lock:
                 self._active = None
-            self.events.publish(Event("status", active.run_id, {  # SSE is public
-                "status": status, "error": error.split(":", 1)[0] if error else None}))
-
-    def _rewind(self, active: ActiveRun, trainer: Trainer) -> None:
-        """A resumed run goes on from its checkpoint's step: the records after it go (they are
-        trained and recorded again) and the run's step is the checkpoint's until then. Records
-        up to it that the store had not written when the server died (a crash between the
-        checkpoint file and the store's next batch) come from the run's steps.jsonl, written
-        and flushed record by record before the checkpoint: the sequence has no gap."""
-        step = trainer.step
-        stored = self.store.last_step(active.run_id)
-        if stored < step:
-            self.store.restore_steps(active.run_id, _records(trainer.run_dir / "steps.jsonl",
-                                                             after=stored, until=step))
-        self.store.drop_steps_after(active.run_id, step)
-        self.store.set_checkpoint(active.run_id, step)
-        active.live.update(step=step, checkpoint_step=step)
+            active.recorder.announce_end(status, error)
 
     def _bind(self, active: ActiveRun, runtime: Runtime) -> None:
         """Follow the runtime: records to the store and live clients, commands between steps."""
         self.last_telemetry = runtime.telemetry
-        active.unbind = [runtime.add_listener(lambda record: self._on_record(active, record)),
+        active.unbind = [runtime.add_listener(active.recorder.record),
                          runtime.between_steps(lambda step: self._drain(active))]
         if active.attached:  # a launched run's policy listener is added before its trainer
-            runtime.policy.add_listener(
-                lambda change: self._active is active and self._on_policy(active, change))
-
-    def _on_policy(self, active: ActiveRun, change: PolicyChange) -> None:
-        """A change took effect at a step boundary: audit it and tell live clients."""
-        data = dataclasses.asdict(change)
-        self.store.add_policy_change(active.run_id, data)
-        self.store.set_policy(active.run_id, active.policy.current.to_dict(), change.version)
-        active.live.update(policy_version=change.version)
-        self.events.publish(Event("policy", active.run_id, public.change(data)))  # SSE is public
-
-    def _on_record(self, active: ActiveRun, record: StepRecord) -> None:
-        text = json.dumps(record.to_dict())  # once, for the store, the live view and SSE
-        self.store.add_step(active.run_id, record.step, text)
-        active.live.add_step(record.step, text)
-        self.events.publish(Event("step", active.run_id, text=text))
-
-    def _on_checkpoint(self, active: ActiveRun, step: int) -> None:
-        self.store.set_checkpoint(active.run_id, step)
-        active.live.update(checkpoint_step=step)
+            runtime.policy.add_listener(lambda change: self._active is active and
+                                        active.recorder.policy_changed(runtime.policy, change))
 
     def _drain(self, active: ActiveRun) -> None:
         """Between steps: run queued commands; while paused, wait here for the next one."""
@@ -361,38 +329,17 @@ class RunManager:
                     continue
                 return
             match command:
-                case "pause":
+                case RunCommand.PAUSE:
                     active.paused = True
-                    self._publish_status(active, "paused")
-                case "resume":
+                    active.recorder.status(RunStatus.PAUSED)
+                case RunCommand.RESUME:
                     active.paused = False
-                    self._publish_status(active, "running")
-                case "checkpoint":
+                    active.recorder.status(RunStatus.RUNNING)
+                case RunCommand.CHECKPOINT:
                     active.trainer.save_checkpoint()
-                case "stop":
+                case RunCommand.STOP:
                     active.runtime.request_stop()
                     active.paused = False
                     return
                 case _:
                     raise NotImplementedError(command)
-
-    def _publish_status(self, active: ActiveRun, status: str) -> None:
-        self.store.set_status(active.run_id, status)
-        active.live.update(status=status)
-        self.events.publish(Event("status", active.run_id, {"status": status}))
-
-
-def _records(path: Path, *, after: int, until: int) -> list[tuple[int, str]]:
-    """(step, record JSON) of the steps in (after, until] from a run's steps.jsonl."""
-    found: list[tuple[int, str]] = []
-    if not path.is_file():
-        return found
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["step"]
-            except (ValueError, KeyError, TypeError):
-                continue  # a line a crash cut short
-            if isinstance(step, int) and after < step <= until:
-                found.append((step, line.strip()))
-    return found

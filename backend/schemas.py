@@ -12,10 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
 
-from asteria_core.policy import AUTO, PolicyField, policy_fields
+from asteria_core.policy import AUTO, FieldKind, PolicyField, policy_fields
+from asteria_core.telemetry.records import StepRecord
 from backend.config_schema import Text, run_config_model
+from backend.run_states import RunCommand, RunStatus
 
-RunStatus = Literal["running", "paused", "finished", "stopped", "failed", "interrupted"]
 CROSS_FIELD_RULES = ("swap_delay <= staleness_bound unless swap_delay is \"auto\"; "
                      "workers >= 1 when swap_mode is opportunistic")
 NO_WORKERLESS_OPPORTUNISM = {
@@ -30,15 +31,15 @@ def _policy_type(field: PolicyField) -> Any:
     string."""
     integer = Annotated[StrictInt, Field(ge=field.minimum, le=field.maximum)]
     match field.kind:
-        case "int":
+        case FieldKind.INT:
             return integer
-        case "auto_or_int":
+        case FieldKind.AUTO_OR_INT:
             return Literal[AUTO] | integer
-        case "choice":
+        case FieldKind.CHOICE:
             return Literal[field.choices]
-        case "bool":
+        case FieldKind.BOOL:
             return StrictBool
-        case "str":
+        case FieldKind.STR:
             return Annotated[Text, Field(max_length=field.max_length)]
     raise ValueError(f"{field.name}: unknown policy field kind {field.kind!r}")
 
@@ -106,7 +107,7 @@ class RunPublic(BaseModel):
 
 class CommandAccepted(BaseModel):
     run: RunPublic
-    command: str
+    command: RunCommand
     detail: str
 
 
@@ -133,7 +134,8 @@ class PolicyAccepted(BaseModel):
 
 class StepPage(BaseModel):
     run_id: str
-    steps: list[dict[str, Any]]
+    steps: list[StepRecord] = Field(description="Step records, as the runtime writes them "
+                                    "(asteria_core/telemetry/records.py; docs/metrics.md).")
     next_since: int = Field(description="Pass as `since` to get the steps after these.")
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.run_states import ACTIVE, RunStatus
+
 SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -53,7 +55,6 @@ CREATE TABLE IF NOT EXISTS policy_changes (
     PRIMARY KEY (run_id, version)
 );
 """
-ACTIVE_STATUSES = ("running", "paused")
 STATUS_SQL = "UPDATE runs SET status=?, error=?, updated_at=? WHERE id=?"
 REPAIR_SECONDS = 1.0
 log = logging.getLogger(__name__)
@@ -142,8 +143,9 @@ class RunStore:
     def create_run(self, run_id: str, config: dict, run_dir: str, total_steps: int) -> None:
         now = time.time()
         self._put("INSERT INTO runs (id, status, config, run_dir, created_at, updated_at, "
-                  "total_steps) VALUES (?, 'running', ?, ?, ?, ?, ?)",
-                  (run_id, json.dumps(config), run_dir, now, now, total_steps), checked=True,
+                  "total_steps) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  (run_id, RunStatus.RUNNING.value, json.dumps(config), run_dir, now, now,
+                   total_steps), checked=True,
                   what=f"run {run_id}")
 
     def set_status(self, run_id: str, status: str, *, error: str | None = None,
@@ -288,10 +290,10 @@ class RunStore:
     def mark_interrupted(self) -> list[str]:
         """At start-up: runs left active by a process that died are interrupted, not running."""
         with self._db() as db:
-            rows = db.execute("SELECT id FROM runs WHERE status IN (?, ?)",
-                              ACTIVE_STATUSES).fetchall()
-            db.execute("UPDATE runs SET status='interrupted', updated_at=? WHERE status IN (?, ?)",
-                       (time.time(), *ACTIVE_STATUSES))
+            active = tuple(s.value for s in ACTIVE)
+            rows = db.execute("SELECT id FROM runs WHERE status IN (?, ?)", active).fetchall()
+            db.execute("UPDATE runs SET status=?, updated_at=? WHERE status IN (?, ?)",
+                       (RunStatus.INTERRUPTED.value, time.time(), *active))
         return [r["id"] for r in rows]
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:

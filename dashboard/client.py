@@ -11,15 +11,40 @@ token; mutating calls send `Authorization: Bearer <token>`.
 from __future__ import annotations
 
 import threading
+from enum import StrEnum
 from typing import Any
 
 import httpx
 
+
+class RunStatus(StrEnum):
+    """A run's status as the API reports it (its `RunStatus` schema; a test holds the two
+    equal)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class RunCommand(StrEnum):
+    """What `POST /runs/{id}/{command}` takes (the API's `RunCommand` schema)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    STOP = "stop"
+    CHECKPOINT = "checkpoint"
+
+
+ACTIVE = (RunStatus.RUNNING, RunStatus.PAUSED)
+"""Run statuses whose run is still training (or can be unpaused without a restart)."""
+RESUMABLE = (RunStatus.PAUSED, RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED)
+"""Statuses whose run the Resume command continues (a paused one, or one from its checkpoint)."""
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
-COMMANDS = ("stop", "pause", "resume", "checkpoint")
-ACTIVE = ("running", "paused")
-"""Run statuses whose run is still training (or can be unpaused without a restart)."""
 
 _lock = threading.Lock()
 _http: httpx.Client | None = None
@@ -164,9 +189,6 @@ class Client:
         """Every rank of a data-parallel run, read now by the control plane (RanksPublic)."""
         return self._json("GET", f"/runs/{run_id}/ranks", f"ranks of {run_id}")
 
-    def metrics(self) -> str:
-        return self._call("GET", "/metrics", "metrics").text
-
     def openapi(self) -> dict[str, Any]:
         """The control plane's OpenAPI document (the policy form is built from it)."""
         return self._json("GET", "/openapi.json", "API description")
@@ -178,8 +200,8 @@ class Client:
                           json={"config": config, "policy": policy or {}})
 
     def command(self, run_id: str, command: str) -> dict[str, Any]:
-        if command not in COMMANDS:
-            raise ValueError(f"command: got {command!r}; allowed: {' | '.join(COMMANDS)}")
+        if command not in tuple(RunCommand):
+            raise ValueError(f"command: got {command!r}; allowed: {' | '.join(RunCommand)}")
         return self._json("POST", f"/runs/{run_id}/{command}", f"{command} {run_id}", auth=True)
 
     def set_policy(self, run_id: str, changes: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dashboard.client import (
     ApiError,
     Invalid,
     NotSignedIn,
+    RunStatus,
     Unauthorized,
     Unreachable,
     without_field,
@@ -24,6 +25,7 @@ from dashboard.client import (
 
 log = logging.getLogger(__name__)
 POLICY_SCHEMA = "PolicyUpdate"
+RUN_SCHEMA = "RunCreate"
 """The OpenAPI component of the policy PATCH body: the form's fields, labels and widgets."""
 FRONT = ("staleness_bound", "swap_delay", "swap_mode", "refresh_interval", "workers",
          "offload_mode", "device_budget_bytes", "host_budget_bytes")
@@ -53,6 +55,16 @@ def form_fields(openapi: dict[str, Any]) -> tuple[FormField, ...]:
     schemas = openapi.get("components", {}).get("schemas", {})
     props = _resolve(schemas.get(POLICY_SCHEMA, {}), schemas).get("properties", {})
     return tuple(_form_field(name, _resolve(prop, schemas)) for name, prop in props.items())
+
+
+def config_choices(openapi: dict[str, Any], section: str, key: str) -> tuple[str, ...]:
+    """The values `POST /runs` allows for config key `section.key`, from the API's schema
+    (empty when the schema lists none)."""
+    schemas = openapi.get("components", {}).get("schemas", {})
+    config = _resolve(schemas.get(RUN_SCHEMA, {}).get("properties", {}).get("config", {}),
+                      schemas)
+    part = _resolve(config.get("properties", {}).get(section, {}), schemas)
+    return tuple(_resolve(part.get("properties", {}).get(key, {}), schemas).get("enum", ()))
 
 
 def _resolve(schema: dict[str, Any], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -124,15 +136,15 @@ def run_banner(run: dict[str, Any]) -> None:
     rid, status, step = run["id"], run["status"], run["step"]
     where = f"at step {step} of {run['total_steps']}"
     match status:
-        case "running":
+        case RunStatus.RUNNING:
             return
-        case "paused":
+        case RunStatus.PAUSED:
             st.warning(f"Run {rid} is **paused** {where}. Resume it on the Runs page.",
                        icon=":material/pause_circle:")
-        case "finished":
+        case RunStatus.FINISHED:
             st.info(f"Run {rid} is **finished** ({where}). Showing its recorded history; its "
                     "policy can no longer be changed.", icon=":material/flag:")
-        case "stopped" | "interrupted":
+        case RunStatus.STOPPED | RunStatus.INTERRUPTED:
             st.warning(f"Run {rid} is **{status}** {where}. Showing its recorded history; "
                        "resume it from its last checkpoint on the Runs page.",
                        icon=":material/stop_circle:")

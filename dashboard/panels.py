@@ -67,8 +67,8 @@ def loss(b: pd.DataFrame, df: pd.DataFrame, marks: pd.DataFrame) -> None:
 
 def time_split(b: pd.DataFrame, marks: pd.DataFrame) -> None:
     left, right = st.columns(2)
-    phases = series.columns(b, "phase_", series.PHASES)
-    idle = series.columns(b, "idle_", series.IDLE_CAUSES)
+    phases = series.columns(b, "phase_")
+    idle = series.columns(b, "idle_")
     ms = b.assign(**{c: b[c] * 1e3 for c in phases + idle})
     for col, cols, prefix, title in (
             (left, phases, "phase_", "step time by phase (compute, waits excluded)"),
@@ -100,19 +100,16 @@ def energy(b: pd.DataFrame, marks: pd.DataFrame) -> None:
                                 marks=marks, legend="bottom"), title, marks)
 
 
-def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any],
-          metric_caps: dict[str, float]) -> None:
-    """Bytes per tier, stacked; capacities from the records, else the active run's
-    asteria_tier_capacity_bytes, else the policy's non-zero budgets."""
-    used = series.columns(b, "tier_", series.TIERS)
+def tiers(b: pd.DataFrame, marks: pd.DataFrame, policy: dict[str, Any]) -> None:
+    """Bytes per tier, stacked; capacities from the records, else the policy's non-zero
+    budgets."""
+    used = series.columns(b, "tier_")
     if not used:
         _absent("Tier occupancy", "The tier store reports it once optimizer state is tiered.")
         return
     caps = {c.removeprefix("cap_"): b[c].dropna().iloc[-1] for c in series.columns(b, "cap_")}
-    for tier in series.TIERS:
-        if tier not in caps and tier in metric_caps:
-            caps[tier] = metric_caps[tier]
-        elif tier not in caps and policy.get(f"{tier}_budget_bytes"):
+    for tier in (c.removeprefix("tier_") for c in used):
+        if tier not in caps and policy.get(f"{tier}_budget_bytes"):
             caps[tier] = policy[f"{tier}_budget_bytes"]
     cap_df = pd.DataFrame({"series": list(caps), "value": list(caps.values())})
     title = "optimizer state by tier (dashed: capacity)"

@@ -17,9 +17,6 @@ from typing import Any
 
 import pandas as pd
 
-IDLE_CAUSES = ("refresh_wait", "transfer_wait", "sync_wait", "data_wait", "other")
-PHASES = ("data", "forward", "backward", "optimizer", "boundary")
-TIERS = ("device", "host", "disk")
 MEASURED = ("nvml", "rapl")
 """Energy sources that measure; `model` is an estimate (CPU seconds x configured watts)."""
 # (record section, figure) -> row column. The names are those of the step record's sections
@@ -111,7 +108,8 @@ def frame(buffer: StepBuffer) -> pd.DataFrame:
 
 
 def columns(df: pd.DataFrame, prefix: str, order: tuple[str, ...] = ()) -> list[str]:
-    """Columns with data whose name starts with prefix; those named in `order` come first."""
+    """Columns with data whose name starts with prefix; those named in `order` come first, the
+    rest in the records' own order (phases, causes and tiers as the runtime lists them)."""
     found = [c for c in df.columns if c.startswith(prefix) and df[c].notna().any()]
     rank = {prefix + name: i for i, name in enumerate(order)}
     return sorted(found, key=lambda c: rank.get(c, len(rank)))
@@ -195,16 +193,6 @@ def bound_by_step(history: list[dict[str, Any]], current: int, steps: pd.Series)
     return bound
 
 
-def gauge_by_label(metrics_text: str, name: str, label: str) -> dict[str, float]:
-    """{label value: value} of a one-label gauge in a /metrics exposition (empty if absent)."""
-    out = {}
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") and f'{label}="' in line:
-            labels, _, value = line.rpartition(" ")
-            out[labels.split(f'{label}="', 1)[1].split('"', 1)[0]] = float(value)
-    return out
-
-
 WITHIN, OVER = "within its bound", "over its bound"
 
 
@@ -254,7 +242,7 @@ def ranks_table(view: dict[str, Any]) -> pd.DataFrame:
 def idle_by_rank(view: dict[str, Any]) -> pd.DataFrame:
     """Idle seconds since the start per (rank, cause), long form: rank, series, value, order
     (sync_wait first, so it sits at the bottom of each rank's stack)."""
-    order = ("sync_wait", *(c for c in IDLE_CAUSES if c != "sync_wait"))
+    order = tuple(view.get("idle_causes", ()))  # the API's stacking order
     rows = [{"rank": rank_label(e), "series": cause, "value": seconds,
              "order": order.index(cause) if cause in order else len(order)}
             for e in view["ranks"] if e["reachable"]

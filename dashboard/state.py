@@ -179,11 +179,6 @@ def history(base: str, run_id: str) -> list[dict[str, Any]]:
 
 
 @st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
-def metrics(base: str) -> str:
-    return Client(base).metrics()
-
-
-@st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
 def ranks(base: str, run_id: str) -> dict[str, Any]:
     return Client(base).ranks(run_id)
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from asteria_core.policy import LivePolicy, Policy, PolicyChange, PolicyError
+from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.reporter import Reporter
 
 MESSAGE_BYTES = 16 * 1024
@@ -39,7 +40,7 @@ class PolicySync:
         then send this boundary's changes. Returns the changes applied now."""
         applied = []
         if self._work is not None:
-            with self.reporter.wait("sync_wait"):
+            with self.reporter.wait(IdleCause.SYNC_WAIT):
                 self._work.wait()
             message = _decode(self._buffer)
             if message is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any, Protocol
 
 import torch
@@ -29,11 +30,11 @@ from asteria_core.optim.layout import (
 )
 from asteria_core.optim.matrix_functions import overlap_transport
 from asteria_core.optim.seam import (
-    MOMENT_SWAPS,
     REFRESH_DTYPES,
     BlockInfo,
     BlockKey,
     FactorSnapshot,
+    MomentSwap,
     RefreshConfig,
     RefreshResult,
     is_finite,
@@ -50,19 +51,27 @@ BASIS_STEPS = "basis_steps"  # [dim][chunk] int: stats step behind the basis in 
 EXTRA = "asteria"            # optimizer-level entry added to state_dict()
 
 
+class Writes(StrEnum):
+    """What one use of a parameter's state may have changed (Residency.release)."""
+
+    STEP = "step"  # an update: the per-step state
+    ALL = "all"  # a basis swap
+    NONE = "none"  # a snapshot: nothing
+
+
 class Residency(Protocol):
     """Where a runtime (the tier store) makes a parameter's state resident around each use.
 
     `acquire` runs before the state dict of parameter `index` is read, `release` after; `writes`
-    says what the use may have changed: "step" (an update: the per-step state), "all" (a basis
-    swap) or "none" (a snapshot). `begin_step` announces the order of the coming updates.
+    says what the use may have changed (`Writes`). `begin_step` announces the order of the
+    coming updates.
     """
 
     def begin_step(self, order: list[int]) -> None: ...
 
     def acquire(self, index: int, state: dict) -> None: ...
 
-    def release(self, index: int, state: dict, writes: str) -> None: ...
+    def release(self, index: int, state: dict, writes: Writes) -> None: ...
 
     def materialized(self, packed: dict) -> dict: ...
 
@@ -100,7 +109,7 @@ def check_layout_args(defaults: dict) -> None:
     if defaults["precondition_frequency"] < 1:
         raise ValueError(f"precondition_frequency: got {defaults['precondition_frequency']!r}; "
                          "allowed: an integer >= 1")
-    check_choice("moment_swap", defaults["moment_swap"], MOMENT_SWAPS)
+    check_choice("moment_swap", defaults["moment_swap"], tuple(MomentSwap))
     check_choice("refresh_dtype", defaults["refresh_dtype"], tuple(REFRESH_DTYPES))
     check_range("weight_decay", defaults["weight_decay"], 0.0, float("inf"))
     check_range("lr", defaults["lr"], 0.0, float("inf"))
@@ -196,7 +205,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
             layout = self._layout(index, p, group)
             grad = local_shard(p.grad).reshape(layout.shape)
             self._stepping = index
-            with self._resident(index, self.state[p], "step"):
+            with self._resident(index, self.state[p], Writes.STEP):
                 refresh_due = self._step_param(shard, grad, self.state[p], layout, group)
             if refresh_due:
                 due.extend(BlockKey(index, dim, c) for dim, c, _ in layout.blocks())
@@ -284,7 +293,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
                 return t.clone()
             return t.to(device, non_blocking=non_blocking, copy=True)
 
-        with self._resident(key.param, state, "none"):
+        with self._resident(key.param, state, Writes.NONE):
             factor = state[FACTORS][key.dim][key.chunk]
             if factor.numel() == 0:
                 raise KeyError(f"{key}: its factor statistics are kept by its owner rank")
@@ -309,7 +318,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise ValueError(f"result for {result.key} applied to block {key}")
         p, group, layout = self._locate(key)
         state = self._block_state(p, key)
-        with self._resident(key.param, state, "all"):
+        with self._resident(key.param, state, Writes.ALL):
             self._apply_refresh(key, result, state, layout)
 
     def _apply_refresh(self, key: BlockKey, result: RefreshResult, state: dict,
@@ -424,7 +433,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
             container[key].copy_(value)
 
     @contextmanager
-    def _resident(self, index: int, state: dict, writes: str):
+    def _resident(self, index: int, state: dict, writes: Writes):
         if self.residency is None:
             yield
             return

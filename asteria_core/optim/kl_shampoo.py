@@ -43,7 +43,7 @@ from asteria_core.optim.base import (
     check_range,
 )
 from asteria_core.optim.layout import Layout, dim_broadcast, dim_outer, from_basis, to_basis
-from asteria_core.optim.seam import BlockKey, RefreshConfig
+from asteria_core.optim.seam import BASIS_REFRESHES, BlockKey, RefreshConfig
 
 EIG_INV_SQRT = "eig_inv_sqrt"  # [dim][chunk] (b,) e = lambda^(-1/2)
 EXP_AVG_SQ = "exp_avg_sq"      # AdamW second moment of parameters with no preconditioned dim
@@ -100,7 +100,7 @@ class KLShampoo(BlockPreconditioner):
         check_range("eps", eps, 0.0, float("inf"))
         if not init_factor > 0:
             raise ValueError(f"init_factor: got {init_factor!r}; allowed: a number > 0")
-        check_choice("refresh", refresh, ("power_qr", "eigh"))
+        check_choice("refresh", refresh, BASIS_REFRESHES)
         defaults = {"lr": lr, "betas": tuple(betas), "shampoo_beta": shampoo_beta, "eps": eps,
                     "weight_decay": weight_decay,
                     "precondition_frequency": precondition_frequency,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 import torch
@@ -27,8 +28,24 @@ from asteria_core.optim.matrix_functions import (
     power_qr_sorted,
 )
 
-REFRESH_METHODS = ("eigh", "power_qr", "inverse_root")
-MOMENT_SWAPS = ("reference", "transport")
+
+class RefreshMethod(StrEnum):
+    """How a block's new basis is computed."""
+
+    EIGH = "eigh"
+    POWER_QR = "power_qr"  # one power iteration and QR from the old basis (SOAP's refresh)
+    INVERSE_ROOT = "inverse_root"  # Shampoo's (scale * F + eps I)^(-1/root)
+
+
+class MomentSwap(StrEnum):
+    """What a basis swap does to the second-moment statistics."""
+
+    REFERENCE = "reference"  # permute, as SOAP does
+    TRANSPORT = "transport"  # carry them over through the overlap of the two bases
+
+
+BASIS_REFRESHES = (RefreshMethod.POWER_QR, RefreshMethod.EIGH)
+"""The refreshes that give an eigenbasis (SOAP's, KL-Shampoo's); Shampoo's is an inverse root."""
 REFRESH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -60,9 +77,9 @@ class RefreshConfig:
     """How to refresh one block. Built by the optimizer from the block's param group."""
 
     method: str
-    """eigh | power_qr | inverse_root."""
-    moment_swap: str = "reference"
-    """reference | transport: what the swap does to the second-moment statistics."""
+    """A RefreshMethod's value."""
+    moment_swap: str = MomentSwap.REFERENCE.value
+    """A MomentSwap's value: what the swap does to the second-moment statistics."""
     sort: bool = True
     """power_qr only: sort columns by estimated eigenvalue first (SOAP: yes; KL-Shampoo: no)."""
     dtype: str = "float32"
@@ -76,17 +93,19 @@ class RefreshConfig:
     that b^3 product where it runs (a host worker), so the swap on the training thread does not."""
 
     def __post_init__(self) -> None:
-        if self.method not in REFRESH_METHODS:
-            raise ValueError(f"method: got {self.method!r}; allowed: {REFRESH_METHODS}")
-        if self.moment_swap not in MOMENT_SWAPS:
-            raise ValueError(f"moment_swap: got {self.moment_swap!r}; allowed: {MOMENT_SWAPS}")
+        if self.method not in tuple(RefreshMethod):
+            raise ValueError(f"method: got {self.method!r}; allowed: {' | '.join(RefreshMethod)}")
+        if self.moment_swap not in tuple(MomentSwap):
+            raise ValueError(f"moment_swap: got {self.moment_swap!r}; allowed: "
+                             f"{' | '.join(MomentSwap)}")
         if self.dtype not in REFRESH_DTYPES:
             raise ValueError(f"dtype: got {self.dtype!r}; allowed: {tuple(REFRESH_DTYPES)}")
 
     @property
     def needs_basis(self) -> bool:
         """Whether refresh_fn reads the previous basis (warm start or transport)."""
-        return self.method == "power_qr" or self.moment_swap == "transport" or self.rotate
+        return self.method == RefreshMethod.POWER_QR or \
+            self.moment_swap == MomentSwap.TRANSPORT or self.rotate
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,24 +185,24 @@ def _refresh(snapshot: FactorSnapshot, config: RefreshConfig,
     factor_bb = snapshot.factor if snapshot.scale == 1.0 else snapshot.factor * snapshot.scale
     perm_b = None
     match config.method:
-        case "inverse_root":
+        case RefreshMethod.INVERSE_ROOT:
             q_new_bb = inverse_root(factor_bb, config.root, config.eps, dtype)
-        case "eigh":
+        case RefreshMethod.EIGH:
             q_new_bb = eigh_descending(factor_bb, dtype)[1]
-        case "power_qr" if snapshot.base_version == 0:
+        case RefreshMethod.POWER_QR if snapshot.base_version == 0:
             q_new_bb = eigh_descending(factor_bb, dtype)[1]
-        case "power_qr" if config.sort:
+        case RefreshMethod.POWER_QR if config.sort:
             q_new_bb, perm_b = power_qr_sorted(factor_bb, _basis(snapshot), dtype)
-        case "power_qr":
+        case RefreshMethod.POWER_QR:
             q_new_bb = power_qr(factor_bb, _basis(snapshot), dtype)
         case _:
             raise NotImplementedError(config.method)
     transport_bb = None
-    if config.moment_swap == "transport":
+    if config.moment_swap == MomentSwap.TRANSPORT:
         transport_bb = overlap_transport(_basis(snapshot).to(dtype), q_new_bb)
         transport_bb = transport_bb.to(snapshot.factor.dtype)
         perm_b = None
-    elif snapshot.base_version == 0 and config.method != "inverse_root":
+    elif snapshot.base_version == 0 and config.method != RefreshMethod.INVERSE_ROOT:
         # The first basis replaces the initial identity, which the references never train with
         # (their first basis comes before any update), so their rule has nothing to say here.
         # Statistics gathered in identity coordinates are carried over exactly (diagonal of the

@@ -36,7 +36,7 @@ from asteria_core.optim.base import (
     check_range,
 )
 from asteria_core.optim.layout import Layout, dim_outer, map_dim
-from asteria_core.optim.seam import RefreshConfig
+from asteria_core.optim.seam import MomentSwap, RefreshConfig, RefreshMethod
 
 GRAFT_EXP_AVG_SQ = "graft_exp_avg_sq"  # Adam grafting second moment, original basis
 
@@ -80,14 +80,15 @@ class Shampoo(BlockPreconditioner):
                     "max_precond_dim": max_precond_dim, "merge_dims": merge_dims,
                     "precondition_1d": precondition_1d, "grafting_beta2": grafting_beta2,
                     "grafting_eps": grafting_eps, "use_bias_correction": use_bias_correction,
-                    "exponent_override": exponent_override, "moment_swap": "reference",
+                    "exponent_override": exponent_override,
+                    "moment_swap": MomentSwap.REFERENCE.value,
                     "refresh_dtype": refresh_dtype}
         super().__init__(params, defaults, refresh_delay=refresh_delay)
 
     def _block_refresh_config(self, group: dict, layout: Layout, dim: int) -> RefreshConfig:
         root = group["exponent_override"] or 2.0 * len(layout.shape)
-        return RefreshConfig(method="inverse_root", dtype=group["refresh_dtype"], root=root,
-                             eps=group["eps"])
+        return RefreshConfig(method=RefreshMethod.INVERSE_ROOT.value,
+                             dtype=group["refresh_dtype"], root=root, eps=group["eps"])
 
     def _snapshot_scale(self, state: dict, group: dict) -> float:
         beta2 = group["betas"][1]

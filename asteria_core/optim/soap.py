@@ -48,7 +48,7 @@ from asteria_core.optim.base import (
     check_range,
 )
 from asteria_core.optim.layout import Layout, dim_outer, from_basis, map_dim_by, to_basis
-from asteria_core.optim.seam import BlockKey, RefreshConfig, RefreshResult
+from asteria_core.optim.seam import BASIS_REFRESHES, BlockKey, RefreshConfig, RefreshResult
 
 EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
 # First moment, eigenbasis coordinates, work shape. Not base.EXP_AVG (original basis, as Shampoo
@@ -93,7 +93,7 @@ class SOAP(BlockPreconditioner):
         if shampoo_beta >= 0:
             check_range("shampoo_beta", shampoo_beta, 0.0, 1.0)
         check_range("eps", eps, 0.0, float("inf"))
-        check_choice("refresh", refresh, ("power_qr", "eigh"))
+        check_choice("refresh", refresh, BASIS_REFRESHES)
         defaults = {"lr": lr, "betas": tuple(betas), "shampoo_beta": shampoo_beta, "eps": eps,
                     "weight_decay": weight_decay,
                     "precondition_frequency": precondition_frequency,

@@ -51,9 +51,10 @@ from typing import Protocol
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.matrix_functions import basis_change
 from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, refresh_fn
-from asteria_core.policy import LivePolicy, Policy
+from asteria_core.policy import LivePolicy, Policy, Priority, SwapMode, WorkerKind
 from asteria_core.refresh.host import host_copies_for
 from asteria_core.refresh.workers import Job, RefreshFn, make_pool
+from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.records import RefreshFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
 
@@ -225,7 +226,7 @@ class RefreshEngine:
         if spec == self._pool_spec:
             return
         old, self._pool_spec = self._pool, spec
-        fn = self._process_fn if policy.worker_kind == "process" else self.fn
+        fn = self._process_fn if policy.worker_kind == WorkerKind.PROCESS else self.fn
         self._pool = None if policy.workers == 0 else make_pool(
             policy.worker_kind, policy.workers, fn, policy.worker_threads, policy.worker_nice,
             self.worker_cpus)
@@ -253,10 +254,10 @@ class RefreshEngine:
     def _start(self, snapshot, t: int, policy: Policy, ready) -> Outstanding:
         key = snapshot.key
         item = Outstanding(key, t, None)
-        if self._pool is not None and policy.swap_mode == "opportunistic":
+        if self._pool is not None and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             self._coalesce(item)
         # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
-        tie = -self.blocks[key].cost if policy.priority == "stale_then_cost" else \
+        tie = -self.blocks[key].cost if policy.priority == Priority.STALE_THEN_COST else \
             self._position[key]
         job = Job(snapshot, self.opt.refresh_config(key), priority=(item.since, tie),
                   ready=ready)
@@ -350,7 +351,7 @@ class RefreshEngine:
         """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each:
         in queue order (most expensive first), each job to the least loaded boundary."""
         window = min(policy.staleness_bound, policy.refresh_interval)
-        if policy.swap_mode == "deterministic":
+        if policy.swap_mode == SwapMode.DETERMINISTIC:
             window = min(window, policy.delay)
         load = [0.0] * (max(window, 1) if policy.pace else 1)
         for item in sorted(items, key=lambda item: item.job.priority):
@@ -390,7 +391,7 @@ class RefreshEngine:
             while queue_:
                 item = queue_[0]
                 must = t >= item.stats_step + policy.delay
-                if policy.swap_mode == "opportunistic":
+                if policy.swap_mode == SwapMode.OPPORTUNISTIC:
                     ready = item.job is None or item.job.done.is_set()
                     must = t >= item.since + policy.staleness_bound
                     if not (ready or must):
@@ -413,14 +414,13 @@ class RefreshEngine:
             self._submit(item)  # still held by pacing: its swap has come
         if not job.done.is_set():
             t0 = time.perf_counter()
-            with self.reporter.wait("refresh_wait"):
+            with self.reporter.wait(IdleCause.REFRESH_WAIT):
                 finished = self._await(job, item.key, policy)
                 if not finished:
                     log.warning("refresh of %s not done %.1f s after the bound; computing it "
                                 "inline", item.key, time.perf_counter() - t0)
                     self._abandon(job)
                     self.inline_fallbacks += 1
-                    self.reporter.inline_fallback()
                     self._run_inline(item, job, self.fallback_fn)
             self.waited_seconds += time.perf_counter() - t0
             if not finished:
@@ -450,7 +450,7 @@ class RefreshEngine:
         delivery = item.delivery
         if not delivery.done.is_set():
             t0 = time.perf_counter()
-            with self.reporter.wait("sync_wait"):
+            with self.reporter.wait(IdleCause.SYNC_WAIT):
                 arrived = delivery.done.wait(policy.refresh_timeout_ms / 1e3)
             self.waited_seconds += time.perf_counter() - t0
             if not arrived:
@@ -479,11 +479,9 @@ class RefreshEngine:
             return
         if item.delivery is None:  # this rank's own refresh: its work counts here
             seconds = self._refresh_seconds.get(item.key, 0.0)
-            self.reporter.refresh_done(seconds, ok=ok)
+            self.reporter.refresh_done(seconds)
             self.refreshes += 1
             self.work_seconds += seconds
-        elif not ok:  # another rank's failed refresh: every rank keeps its basis and counts it
-            self.reporter.refresh_done(0.0, ok=False)
         if ok:
             result = item.result
             if self.exchange is not None and result.rotation is not None:
@@ -524,8 +522,6 @@ class RefreshEngine:
             busy = self._pool.busy() / self._pool.size
         load = self.background_load(policy)
         self.reporter.set_staleness(stale)
-        self.reporter.set_refresh_queue(depth, busy_ratio=busy)
-        self.reporter.set_refresh_policy(policy.staleness_bound, load)
         mode = "native" if policy.workers == 0 else f"async-{policy.swap_mode}"
         if mode != self._mode:
             self._mode = mode

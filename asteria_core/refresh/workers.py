@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
+from asteria_core.policy import WorkerKind
 
 RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
 log = logging.getLogger(__name__)
@@ -501,9 +502,9 @@ def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: i
     """A pool of `n` workers; `cpus`: the CPUs its threads and processes run on (None: those
     of the thread that builds it)."""
     match kind:
-        case "thread":
+        case WorkerKind.THREAD:
             return ThreadWorkers(n, fn, threads_per_worker, nice, cpus)
-        case "process":
+        case WorkerKind.PROCESS:
             return ProcessWorkers(n, fn, threads_per_worker, nice, cpus)
         case _:
             raise NotImplementedError(kind)

@@ -15,16 +15,13 @@ from typing import Any
 
 import torch
 
-from asteria_core.optim import SOAP, KLShampoo, Shampoo
+from asteria_core.optim.registry import OPTIMIZERS, spec_of
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.runtime.runtime import Runtime
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.reporter import RunReporter
 
-OPTIMIZERS = ("adamw", "soap", "shampoo", "kl_shampoo")
-"""The optimizers the runtime knows by name; AdamW is the first-order baseline."""
-SECOND_ORDER_OPTIONS = ("shampoo_beta", "refresh", "moment_swap", "max_precond_dim",
-                        "block_size", "refresh_dtype", "normalize_grads")
+__all__ = ["OPTIMIZERS", "build_optimizer", "decay_groups", "optimizer"]
 
 
 def build_optimizer(name: str, params: Iterable, *, lr: float = 3e-3,
@@ -34,21 +31,8 @@ def build_optimizer(name: str, params: Iterable, *, lr: float = 3e-3,
     mean the same for every name (for Shampoo: its momentum and its grafting AdamW's second
     moment and eps); second-order options (`block_size`, `max_precond_dim`, `shampoo_beta`,
     `refresh`, `moment_swap`, ...) go to the optimizer's own constructor."""
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer: got {name!r}; allowed: {' | '.join(OPTIMIZERS)}")
-    params = list(params)
-    if name == "adamw":
-        unknown = sorted(set(options) & set(SECOND_ORDER_OPTIONS))
-        if unknown:
-            raise ValueError(f"{unknown[0]}: not an AdamW option; allowed with adamw: "
-                             "lr, betas, eps, weight_decay")
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, **options)
-    if name == "shampoo":
-        return Shampoo(params, lr=lr, betas=(betas[0], 1.0), grafting_beta2=betas[1],
-                       grafting_eps=eps, precondition_frequency=refresh_interval, **options)
-    cls = SOAP if name == "soap" else KLShampoo
-    return cls(params, lr=lr, betas=betas, eps=eps, precondition_frequency=refresh_interval,
-               **options)
+    return spec_of(name).build(list(params), lr=lr, betas=betas, eps=eps,
+                               refresh_interval=refresh_interval, **options)
 
 
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -39,15 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from asteria_core.distributed import PolicySync, Topology, VersionExchange, assign_owners
-from asteria_core.optim.base import BlockPreconditioner, local_shard
+from asteria_core.distributed import VersionExchange
+from asteria_core.distributed.attach import DataParallel, attach, data_parallel, shared_run_id
+from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
-from asteria_core.policy import LivePolicy, Policy, PolicyError
+from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine
+from asteria_core.runtime.record import loss_of, put
 from asteria_core.telemetry.config import TelemetryConfig
-from asteria_core.telemetry.records import DistributedFigures, JsonlWriter, StepRecord
+from asteria_core.telemetry.labels import Phase
+from asteria_core.telemetry.records import JsonlWriter, StepRecord
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
 from asteria_core.telemetry.timing import PhaseTimer, PhaseToken
 from asteria_core.tiers import TierStore
@@ -56,16 +58,10 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[StepRecord], None]
 StepHook = Callable[[int], None]
-RECORD_FIELDS = ("loss", "eval_loss", "grad_norm", "tokens", "lr")
-"""Figures `log()` puts in the record's own fields; any other name goes to `extra`."""
 
 
 def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-def _scalar(value: Any) -> Any:
-    return value.detach().float().mean().item() if isinstance(value, torch.Tensor) else value
 
 
 class Runtime:
@@ -95,12 +91,10 @@ class Runtime:
             raise ValueError("this optimizer already has a runtime attached")
         self.optimizer = optimizer
         self.model = model
-        parallel = _data_parallel(distributed)
+        parallel = data_parallel(distributed)
         self.run_id = run_id or new_run_id()
-        self.world = dist.get_world_size() if parallel else 1
-        """Ranks of the data-parallel run this runtime is one of (1: a single process)."""
         if parallel:  # one run: rank 0's id on every rank
-            self.run_id = _shared_run_id(self.run_id)
+            self.run_id = shared_run_id(self.run_id)
         self.run_dir = Path(run_dir) if run_dir is not None else Path("runs") / self.run_id
         self.optimizer_name = optimizer_name or type(optimizer).__name__.lower()
         self.policy = policy if isinstance(policy, LivePolicy) else \
@@ -116,19 +110,11 @@ class Runtime:
         """The reporter when it exports metrics (`.exposition()`, `.serve()`), else None."""
         self.reporter.bind(self.timer, device=self.device, run_id=self.run_id,
                            optimizer=self.optimizer_name)
-        self.reporter.set_policy_version(self.policy.version)
         self.refresh: RefreshEngine | None = None
         self.tiers: TierStore | None = None
-        self.exchange: VersionExchange | None = None
-        self.policy_sync: PolicySync | None = None
-        self.sharded = parallel and any(local_shard(p) is not p for p in params)
-        """FSDP2: every rank preconditions the shards it holds, so no basis travels."""
-        self._shards = _shard_figures(optimizer) if self.sharded else None
-        if parallel:  # every group is created in this order on every rank
-            self.policy_sync = PolicySync(self.policy, dist.get_rank(), self.reporter)
-            if isinstance(optimizer, BlockPreconditioner) and not self.sharded:
-                self.exchange = _exchange_for(optimizer, self.policy)
-                optimizer.keeps_factor = self.exchange.owns  # only owners keep factors
+        self.data_parallel: DataParallel | None = \
+            attach(optimizer, self.policy, self.reporter) if parallel else None
+        """This rank's part of a data-parallel job (distributed/attach.py), None alone."""
         if isinstance(optimizer, BlockPreconditioner):
             # Refreshes run off the critical path under the policy; state has a home tier.
             self.refresh = RefreshEngine(optimizer, self.policy, self.reporter, fn=refresh_fn,
@@ -175,7 +161,7 @@ class Runtime:
         eval_loss, grad_norm, tokens, lr, or any of your own (numbers or scalar tensors; a
         tensor is read when the record is complete, not now)."""
         if self._pending is not None and not self.timer.in_step:
-            _put(self._pending, figures)
+            put(self._pending, figures)
         else:
             self._figures.update(figures)
 
@@ -184,7 +170,7 @@ class Runtime:
         run the between-steps hooks; the next step's start does this by itself."""
         record, self._pending = self._pending, None
         if record is not None:
-            _put(record, {})  # tensors logged after step() become numbers now
+            put(record, {})  # tensors logged after step() become numbers now
             self.reporter.observe(record)
             for listener in list(self._listeners):
                 listener(record)
@@ -254,16 +240,24 @@ class Runtime:
                 handle.remove()
             if self.refresh is not None:
                 self.refresh.close()
-            if self.exchange is not None:
-                self.exchange.close()
-            if self.policy_sync is not None:
-                self.policy_sync.close()
+            if self.data_parallel is not None:
+                self.data_parallel.close()
             if self.tiers is not None:
                 self.tiers.close()
             self.reporter.close()
             if self._jsonl is not None:
                 self._jsonl.close()
             self.optimizer.runtime = None
+
+    @property
+    def world(self) -> int:
+        """Ranks of the data-parallel run this runtime is one of (1: a single process)."""
+        return self.data_parallel.world if self.data_parallel is not None else 1
+
+    @property
+    def exchange(self) -> VersionExchange | None:
+        """The version exchange of this rank (None alone, for AdamW, or under FSDP2)."""
+        return self.data_parallel.exchange if self.data_parallel is not None else None
 
     def __enter__(self) -> Runtime:
         return self
@@ -303,23 +297,23 @@ class Runtime:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
             self._tokens += ids.numel()
-        self._open("forward")
+        self._open(Phase.FORWARD)
 
     def _after_forward(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         if not (module.training and torch.is_grad_enabled()) or not self.timer.in_step:
             return
-        loss = _loss_of(output)
+        loss = loss_of(output)
         if loss is not None:
             self._losses.append(loss.detach())
-        if "forward" in self._auto:
-            self._close("forward")
-            self._open("backward")
+        if Phase.FORWARD in self._auto:
+            self._close(Phase.FORWARD)
+            self._open(Phase.BACKWARD)
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: tuple,
                           kwargs: dict) -> tuple[tuple, dict] | None:
         self._begin()
-        self._close("backward")
-        self._open("optimizer")
+        self._close(Phase.BACKWARD)
+        self._open(Phase.OPTIMIZER)
         self._lr = float(optimizer.param_groups[0]["lr"])
         # torch passes step()'s own args, the optimizer first: a closure is args[1] or a kwarg.
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
@@ -330,8 +324,8 @@ class Runtime:
             try:
                 return closure()
             finally:
-                self._close("backward")
-                self._open("optimizer")
+                self._close(Phase.BACKWARD)
+                self._open(Phase.OPTIMIZER)
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": timed_closure}
@@ -339,9 +333,9 @@ class Runtime:
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: tuple,
                          kwargs: dict) -> None:
-        self._close("optimizer")
+        self._close(Phase.OPTIMIZER)
         self.step += 1
-        with self.timer.phase("boundary"):
+        with self.timer.phase(Phase.BOUNDARY):
             figures = self._boundary()
         self._auto = {}
         phases, wall = self.timer.finish()
@@ -352,7 +346,7 @@ class Runtime:
                             timing=self.reporter.split_step(phases, wall), **figures)
         if losses:
             record.loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
-        _put(record, self._figures, keep_tensors=True)
+        put(record, self._figures, keep_tensors=True)
         self._figures = {}
         self._pending = record
 
@@ -365,87 +359,19 @@ class Runtime:
            blocks due a refresh;
         4. boundary hooks (e.g. distributed version exchange).
         Returns the record sections of the parts that have figures."""
-        applied = self.policy_sync.at_boundary(self.step) if self.policy_sync is not None \
-            else self.policy.apply_pending(self.step)
-        if applied:
-            self.reporter.set_policy_version(self.policy.version)
+        parallel = self.data_parallel
+        if parallel is not None:
+            parallel.policy_sync.at_boundary(self.step)
+        else:
+            self.policy.apply_pending(self.step)
         sections: dict[str, Any] = {}
         if self.tiers is not None:
             sections["tiers"] = self.tiers.on_boundary(self.step)
         if self.refresh is not None:
             self.refresh.on_boundary(self.step)
             sections["refresh"] = self.refresh.figures
-        if self.exchange is not None:
-            sections["distributed"] = self.exchange.figures()
-        elif self._shards is not None:
-            sections["distributed"] = self._shards
+        if parallel is not None and (figures := parallel.figures()) is not None:
+            sections["distributed"] = figures
         for hook in list(self._boundary_hooks):
             hook(self.step)
         return sections
-
-
-def _data_parallel(distributed: bool | None) -> bool:
-    """Whether this runtime is one rank of a data-parallel job."""
-    running = dist.is_available() and dist.is_initialized()
-    if distributed and not running:
-        raise ValueError("distributed: got True, but torch.distributed is not initialized; "
-                         "launch with torchrun and call init_process_group first")
-    return distributed is not False and running and dist.get_world_size() > 1
-
-
-def _shard_figures(optimizer: torch.optim.Optimizer) -> DistributedFigures:
-    """FSDP2: this rank refreshes the blocks of its own shards and sends no basis."""
-    topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
-    blocks = len(optimizer.refresh_blocks()) if isinstance(optimizer, BlockPreconditioner) else 0
-    return DistributedFigures(rank=topology.rank, world=topology.world, node=topology.node,
-                              owned_blocks=blocks, bytes_sent=0, bytes_received=0)
-
-
-def _shared_run_id(run_id: str) -> str:
-    """Rank 0's run id on every rank: one run, whatever each rank made up alone."""
-    shared = [run_id]
-    dist.broadcast_object_list(shared, src=0)
-    return shared[0]
-
-
-def _exchange_for(optimizer: BlockPreconditioner, policy: LivePolicy) -> VersionExchange:
-    """This rank's version exchange: owners from the blocks and torchrun's topology."""
-    _deterministic(policy.current)
-    policy.add_validator(_deterministic)
-    topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
-    return VersionExchange(topology, assign_owners(optimizer.refresh_blocks(), topology))
-
-
-def _deterministic(policy: Policy) -> None:
-    if policy.swap_mode != "deterministic":
-        raise PolicyError("swap_mode", f"got {policy.swap_mode!r}; allowed: deterministic in a "
-                          "data-parallel run (every rank swaps a new basis at one step)")
-
-
-def _loss_of(output: Any) -> torch.Tensor | None:
-    """The scalar loss in a model's output, if it carries one."""
-    if isinstance(output, torch.Tensor):
-        return output if output.dim() == 0 else None
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-        return loss
-    if isinstance(output, tuple | list):
-        for item in output:
-            if isinstance(item, torch.Tensor) and item.dim() == 0 and item.is_floating_point():
-                return item
-    return None
-
-
-def _put(record: StepRecord, figures: dict[str, Any], *, keep_tensors: bool = False) -> None:
-    """Write logged figures into the record (tensors read now unless `keep_tensors`)."""
-    read = (lambda v: v) if keep_tensors else _scalar
-    for name, value in figures.items():
-        if name in RECORD_FIELDS:
-            setattr(record, name, read(value))
-        else:
-            record.extra[name] = read(value)
-    if not keep_tensors:
-        for name in RECORD_FIELDS:
-            setattr(record, name, _scalar(getattr(record, name)))
-        record.extra = {k: _scalar(v) for k, v in record.extra.items()}
-

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from asteria_core.telemetry.config import TelemetryConfig
+from asteria_core.telemetry.labels import IDLE_CAUSES, TIERS, WAIT_CAUSES
 from asteria_core.telemetry.records import (
     EnergyFigures,
     RefreshFigures,
@@ -18,14 +19,7 @@ from asteria_core.telemetry.records import (
     TierFigures,
     TimingFigures,
 )
-from asteria_core.telemetry.reporter import (
-    IDLE_CAUSES,
-    TIERS,
-    WAIT_CAUSES,
-    NullReporter,
-    Reporter,
-    RunReporter,
-)
+from asteria_core.telemetry.reporter import NullReporter, Reporter, RunReporter
 
 _LAZY = {
     "Telemetry": "asteria_core.telemetry.core",

@@ -31,9 +31,9 @@ from asteria_core.telemetry.energy import (
 )
 from asteria_core.telemetry.exporter import CONTENT_TYPE, MetricsExporter
 from asteria_core.telemetry.idle import WaitLedger, breakdown
+from asteria_core.telemetry.labels import WAIT_CAUSES, check_label
 from asteria_core.telemetry.nvml import NvmlMeter
 from asteria_core.telemetry.records import EnergyFigures, StepRecord, TimingFigures
-from asteria_core.telemetry.reporter import TIERS, WAIT_CAUSES, check_label
 
 if TYPE_CHECKING:
     from asteria_core.telemetry.timing import PhaseTimer
@@ -73,8 +73,6 @@ class Telemetry:
         self._device = "cpu"
         self._busy: dict[str, float] = {}
         self._tokens = 0
-        self._latest: dict[str, float] = {}
-        self._losses: dict[str, float] = {}
         self._target: dict[str, float] = {}
         self._target_reached = False  # once: an unmeasured machine's _target stays {}
         self._stop_server = None
@@ -120,44 +118,11 @@ class Telemetry:
         phase = timer.current_phase if in_step else None
         self._ledger.add(cause, seconds, in_step=in_step, phase=phase)
 
-    def refresh_done(self, seconds: float, *, ok: bool = True) -> None:
+    def refresh_done(self, seconds: float) -> None:
         self._exporter.refresh_seconds.observe(seconds)
-        if not ok:
-            self._exporter.refresh_failures.inc()
-
-    def inline_fallback(self) -> None:
-        self._exporter.inline_fallbacks.inc()
-
-    def set_refresh_queue(self, depth: int, *, busy_ratio: float | None = None) -> None:
-        self._latest["refresh_queue_depth"] = depth
-        if busy_ratio is not None:
-            self._latest["refresh_workers_busy_ratio"] = busy_ratio
 
     def set_staleness(self, steps: Sequence[int]) -> None:
         self._exporter.staleness.observe_all(steps)
-        if steps:
-            self._latest["staleness_max_steps"] = max(steps)
-
-    def set_tier_bytes(self, tier: str, used: int, capacity: int) -> None:
-        check_label("tier", tier, TIERS)
-        self._exporter.tier_bytes.labels(tier).set(used)
-        self._exporter.tier_capacity.labels(tier).set(capacity)
-
-    def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
-        check_label("src", src, TIERS)
-        check_label("dst", dst, TIERS)
-        self._exporter.transfer.labels(src, dst).inc(nbytes)
-
-    def set_prefetch_hit_ratio(self, ratio: float) -> None:
-        self._latest["tier_prefetch_hit_ratio"] = ratio
-
-    def set_policy_version(self, version: int) -> None:
-        self._latest["policy_version"] = version
-
-    def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
-        self._latest["staleness_bound_steps"] = staleness_bound
-        if background_load is not None:
-            self._latest["refresh_background_load"] = background_load
 
     def set_mode(self, mode: str) -> None:
         # asteria_run_info is the single series that carries the run id.
@@ -177,18 +142,11 @@ class Telemetry:
         return TimingFigures(compute_seconds=compute, idle_seconds=idle, device_busy_ratio=busy)
 
     def observe(self, record: StepRecord) -> None:
-        timing = record.timing
-        if timing is not None:
-            self._busy[self._device] = timing.device_busy_ratio
-            self._exporter.observe_step(tokens=record.tokens, wall=record.step_seconds,
-                                        compute=timing.compute_seconds, idle=timing.idle_seconds)
+        """The one channel: every gauge and counter of the run is derived from records."""
+        if record.timing is not None:
+            self._busy[self._device] = record.timing.device_busy_ratio
+        self._exporter.observe(record)
         self._tokens += record.tokens
-        if record.loss is not None:
-            self._losses["train_loss"] = record.loss
-        if record.eval_loss is not None:
-            self._losses["eval_loss"] = record.eval_loss
-        if record.distributed is not None:
-            self._exporter.set_distributed(record.distributed)
         self._exporter.add_idle(self._ledger.take_outside())
         self.energy.poll()
         joules = {**self.energy.joules_by_source(), **self._step_estimate}
@@ -222,7 +180,6 @@ class Telemetry:
             joules_per_token={s: j / tokens for s, j in joules.items()} if tokens else {},
             energy_to_target=dict(self._target),
             target_loss=self.config.target_loss if self.config.target_loss > 0 else None,
-            runtime={**self._latest, **self._losses},
         )
 
     # ----------------------------------------------------------------------- export

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from asteria_core.telemetry.labels import SOURCES
+
 log = logging.getLogger(__name__)
 
-SOURCES = ("nvml", "rapl", "model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,5 +240,3 @@ class DeviceSnapshot:
     energy_to_target: dict[str, float]
     """Per source: joules used until eval loss first reached the target; empty until then."""
     target_loss: float | None
-    runtime: dict[str, float]
-    """Latest runtime gauges reported through the Reporter (staleness, queue, policy)."""

@@ -1,9 +1,12 @@
 """Prometheus exposition: the only module of the runtime that imports prometheus_client.
 
 Every metric lives in a private `CollectorRegistry`, so several runs (or tests) in one process
-never collide. Figures that flow per event (steps, waits, refreshes, transfers) are ordinary
-counters, gauges and histograms; device and energy figures come from a collector that reads the
-energy monitor at scrape time. The full contract is docs/metrics.md.
+never collide. The step record is the source: `observe(record)` counts its step, tokens, phases
+and idle time, and every gauge and counter of the runtime (staleness, queue, policy, tiers,
+refresh failures, bytes moved, a rank's exchange) is read from the newest record's sections
+(`RECORD_GAUGES`, `_RecordCollector`). Histograms of events a record does not hold (each
+refresh's time, each block's staleness) are fed by the reporter; device and energy figures come
+from a collector that reads the energy monitor at scrape time. The contract is docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -27,34 +30,37 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from asteria_core.telemetry.energy import DeviceSnapshot
-from asteria_core.telemetry.records import DistributedFigures
-from asteria_core.telemetry.reporter import IDLE_CAUSES
-from asteria_core.telemetry.timing import PHASES
+from asteria_core.telemetry.labels import IDLE_CAUSES, PHASES
+from asteria_core.telemetry.records import StepRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 STEP_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
 REFRESH_BUCKETS = (.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 
-# Gauges of the runtime, absent until a part first reports them (no made-up zeros); the keys
-# are those of `DeviceSnapshot.runtime` and of the step record's extra.
-RUNTIME_GAUGES = {
-    "train_loss": ("asteria_train_loss", "Loss of the last step's batch."),
-    "eval_loss": ("asteria_eval_loss", "Last validation loss."),
-    "staleness_max_steps": ("asteria_preconditioner_staleness_max_steps",
-                            "Largest staleness over preconditioner blocks at the last step."),
-    "refresh_queue_depth": ("asteria_refresh_queue_depth", "Refreshes queued or running."),
-    "refresh_workers_busy_ratio": ("asteria_refresh_workers_busy_ratio",
-                                   "Share of refresh worker time spent refreshing."),
-    "policy_version": ("asteria_policy_version", "Version of the live policy in force."),
-    "tier_prefetch_hit_ratio": ("asteria_tier_prefetch_hit_ratio",
-                                "Share of off-device optimizer-state uses whose prefetch was "
-                                "done in time, since the run started."),
-    "staleness_bound_steps": ("asteria_policy_staleness_bound_steps",
-                              "Staleness bound S of the live policy, in steps."),
-    "refresh_background_load": ("asteria_refresh_background_load",
-                                "Refresh work per interval divided by worker capacity; above 1 "
-                                "the workers cannot keep up and staleness climbs to the bound."),
+Read = Callable[[StepRecord], float | None]
+# Gauges read from step records: each holds the newest record's value that is not None (so the
+# last eval loss stays between evaluations), absent until a record has one (no made-up zeros).
+RECORD_GAUGES: dict[str, tuple[str, Read]] = {
+    "asteria_train_loss": ("Loss of the last step's batch.", lambda r: r.loss),
+    "asteria_eval_loss": ("Last validation loss.", lambda r: r.eval_loss),
+    "asteria_preconditioner_staleness_max_steps": (
+        "Largest staleness over preconditioner blocks at the last step.",
+        lambda r: r.refresh and r.refresh.staleness_max),
+    "asteria_refresh_queue_depth": ("Refreshes queued or running.",
+                                    lambda r: r.refresh and r.refresh.queue_depth),
+    "asteria_refresh_workers_busy_ratio": ("Share of refresh worker time spent refreshing.",
+                                           lambda r: r.refresh and r.refresh.workers_busy_ratio),
+    "asteria_policy_version": ("Version of the live policy the last step trained under.",
+                               lambda r: r.policy_version),
+    "asteria_tier_prefetch_hit_ratio": (
+        "Share of off-device optimizer-state uses whose prefetch was done in time, since the "
+        "run started.", lambda r: r.tiers and r.tiers.prefetch_hit_ratio),
+    "asteria_policy_staleness_bound_steps": ("Staleness bound S of the live policy, in steps.",
+                                             lambda r: r.refresh and r.refresh.staleness_bound),
+    "asteria_refresh_background_load": (
+        "Refresh work per interval divided by worker capacity; above 1 the workers cannot keep "
+        "up and staleness climbs to the bound.", lambda r: r.refresh and r.refresh.background_load),
 }
 
 
@@ -107,11 +113,6 @@ class _DeviceCollector(Collector):
         for source, value in snap.energy_to_target.items():
             to_target.add_metric([source], value)
         yield from (busy, energy, power, mem_used, mem_total, available, per_token, to_target)
-        for key, (name, doc) in RUNTIME_GAUGES.items():
-            gauge = GaugeMetricFamily(name, doc)
-            if key in snap.runtime:
-                gauge.add_metric([], snap.runtime[key])
-            yield gauge
         if snap.target_loss is not None:
             yield GaugeMetricFamily("asteria_target_eval_loss", "The configured target eval "
                                     "loss for energy-to-target.", value=snap.target_loss)
@@ -150,16 +151,72 @@ class _BatchHistogram(Collector):
         yield family
 
 
-class _DistributedCollector(Collector):
-    """A data-parallel rank's place and what its version exchange moved, from its newest step
-    record's `distributed` section; no series outside a data-parallel run. No `rank` label:
-    Prometheus puts the file_sd target's `rank` on every series of the rank."""
+class _RecordCollector(Collector):
+    """The runtime's gauges and counters, read from step records: RECORD_GAUGES; the tiers'
+    bytes, budgets and bytes moved; refresh failures and inline fallbacks (counters whose value
+    is the total the newest record carries); a data-parallel rank's place and exchange. A
+    section's series are absent until a record has that section."""
 
     def __init__(self) -> None:
-        self.figures: DistributedFigures | None = None
+        self._values: dict[str, float] = {}
+        self._record: StepRecord | None = None
+
+    def observe(self, record: StepRecord) -> None:
+        values = dict(self._values)  # replaced whole: a scrape reads one consistent set
+        for name, (_doc, read) in RECORD_GAUGES.items():
+            value = read(record)
+            if value is not None:
+                values[name] = value
+        self._values, self._record = values, record
 
     def collect(self) -> Iterator[Metric]:
-        f = self.figures
+        values, record = self._values, self._record
+        for name, (doc, _read) in RECORD_GAUGES.items():
+            gauge = GaugeMetricFamily(name, doc)
+            if name in values:
+                gauge.add_metric([], values[name])
+            yield gauge
+        if record is None:
+            return
+        yield from self._refresh(record)
+        yield from self._tiers(record)
+        yield from self._distributed(record)
+
+    @staticmethod
+    def _refresh(record: StepRecord) -> Iterator[Metric]:
+        f = record.refresh
+        if f is None:
+            return
+        yield CounterMetricFamily("asteria_refresh_failures", "Refreshes that failed (the "
+                                  "previous basis was kept).", value=f.failures)
+        yield CounterMetricFamily("asteria_refresh_inline_fallbacks", "Refreshes meant for a "
+                                  "worker that ran on the training thread.",
+                                  value=f.inline_fallbacks)
+
+    @staticmethod
+    def _tiers(record: StepRecord) -> Iterator[Metric]:
+        f = record.tiers
+        if f is None:
+            return
+        held = GaugeMetricFamily("asteria_tier_bytes", "Optimizer-state bytes held in a tier.",
+                                 labels=["tier"])
+        for tier, used in f.bytes.items():
+            held.add_metric([tier], used)
+        budget = GaugeMetricFamily("asteria_tier_capacity_bytes", "Byte budget of a tier.",
+                                   labels=["tier"])
+        for tier, capacity in f.capacity_bytes.items():
+            budget.add_metric([tier], capacity)
+        moved = CounterMetricFamily("asteria_tier_transfer_bytes", "Bytes moved between tiers.",
+                                    labels=["src", "dst"])
+        for src, by_dst in f.transfer_bytes.items():
+            for dst, nbytes in by_dst.items():
+                moved.add_metric([src, dst], nbytes)
+        yield from (held, budget, moved)
+
+    @staticmethod
+    def _distributed(record: StepRecord) -> Iterator[Metric]:
+        # No `rank` label: Prometheus puts the file_sd target's `rank` on every series of it.
+        f = record.distributed
         if f is None:
             return
         yield GaugeMetricFamily("asteria_distributed_rank", "This process's rank in the "
@@ -194,12 +251,6 @@ class MetricsExporter:
                        "is the step time no phase or reported wait explains.", ["cause"],
                        registry=r)
         self.idle = {c: idle.labels(c) for c in IDLE_CAUSES}
-        self.tier_bytes = Gauge("asteria_tier_bytes", "Optimizer-state bytes held in a tier.",
-                                ["tier"], registry=r)
-        self.tier_capacity = Gauge("asteria_tier_capacity_bytes", "Byte budget of a tier.",
-                                   ["tier"], registry=r)
-        self.transfer = Counter("asteria_tier_transfer_bytes", "Bytes moved between tiers.",
-                                ["src", "dst"], registry=r)
         self.staleness = _BatchHistogram("asteria_preconditioner_staleness_steps", "Staleness "
                                          "of each preconditioner block in use, observed every "
                                          "step.", STALENESS_BUCKETS)
@@ -207,20 +258,12 @@ class MetricsExporter:
         self.refresh_seconds = Histogram("asteria_refresh_seconds", "Time of one "
                                          "preconditioner refresh.", buckets=REFRESH_BUCKETS,
                                          registry=r)
-        self.refresh_failures = Counter("asteria_refresh_failures", "Refreshes that failed "
-                                        "(the previous basis was kept).", registry=r)
-        self.inline_fallbacks = Counter("asteria_refresh_inline_fallbacks", "Refreshes meant "
-                                        "for a worker that ran on the training thread.",
-                                        registry=r)
         self.run_info = Gauge("asteria_run_info", "Always 1; the run's identity as labels.",
                               ["run_id", "optimizer", "mode"], registry=r)
         self._run_labels: tuple[str, str, str] | None = None
         r.register(_DeviceCollector(snapshot))
-        self._distributed = _DistributedCollector()
-        r.register(self._distributed)
-
-    def set_distributed(self, figures: DistributedFigures) -> None:
-        self._distributed.figures = figures
+        self._records = _RecordCollector()
+        r.register(self._records)
 
     def set_run_info(self, run_id: str, optimizer: str, mode: str) -> None:
         if self._run_labels is not None:
@@ -228,17 +271,20 @@ class MetricsExporter:
         self._run_labels = (run_id, optimizer, mode)
         self.run_info.labels(*self._run_labels).set(1)
 
-    def observe_step(self, *, tokens: int, wall: float, compute: dict[str, float],
-                     idle: dict[str, float]) -> None:
+    def observe(self, record: StepRecord) -> None:
+        """One finished step's record: its step, tokens, time, phases and idle time are
+        counted; the runtime's gauges and counters read from it from now on."""
         self.steps.inc()
-        self.tokens.inc(tokens)
-        self.step_seconds.observe(wall)
-        for phase, seconds in compute.items():
-            child = self.phase.get(phase)
-            if child is None:  # a phase name added to the timer later; still a bounded set
-                child = self.phase[phase] = self._phase_metric.labels(phase)
-            child.inc(seconds)
-        self.add_idle(idle)
+        self.tokens.inc(record.tokens)
+        if record.timing is not None:
+            self.step_seconds.observe(record.step_seconds)
+            for phase, seconds in record.timing.compute_seconds.items():
+                child = self.phase.get(phase)
+                if child is None:  # a phase name added to the timer later; still bounded
+                    child = self.phase[phase] = self._phase_metric.labels(phase)
+                child.inc(seconds)
+            self.add_idle(record.timing.idle_seconds)
+        self._records.observe(record)
 
     def add_idle(self, idle: dict[str, float]) -> None:
         for cause, seconds in idle.items():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from asteria_core.telemetry.reporter import IDLE_CAUSES
+from asteria_core.telemetry.labels import IDLE_CAUSES
 
 
 class WaitLedger:

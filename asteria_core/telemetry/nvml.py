@@ -17,13 +17,24 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from asteria_core.telemetry.energy import Reading
 
 log = logging.getLogger(__name__)
 
-QUERIES = ("energy", "power", "memory", "utilization")
+class NvmlQuery(StrEnum):
+    """What the meter reads from a device; a device that answers none of one is not asked
+    again."""
+
+    ENERGY = "energy"  # total energy since the driver loaded (mJ)
+    POWER = "power"  # instantaneous draw (mW): integrated where energy is missing
+    MEMORY = "memory"
+    UTILIZATION = "utilization"
+
+
+QUERIES = tuple(q.value for q in NvmlQuery)
 
 
 @dataclass(slots=True)
@@ -62,9 +73,9 @@ class NvmlMeter:
                 self._lib = None
         if self._lib is not None:
             self.devices = self._open_devices()
-            if not any("energy" in d.queries for d in self.devices):
+            if not any(NvmlQuery.ENERGY in d.queries for d in self.devices):
                 self.reason = self.reason or "no GPU with NVML's total-energy counter"
-        self.available = any("energy" in d.queries for d in self.devices)
+        self.available = any(NvmlQuery.ENERGY in d.queries for d in self.devices)
 
     def _open_devices(self) -> list[_Device]:
         lib = self._lib
@@ -92,7 +103,7 @@ class NvmlMeter:
                              query, label, err)
                     continue
                 device.queries.add(query)
-                if query == "energy":
+                if query == NvmlQuery.ENERGY:
                     device.energy_base_mj = int(value)
             devices.append(device)
         return devices
@@ -100,13 +111,13 @@ class NvmlMeter:
     def _query(self, query: str) -> Callable[[Any], Any]:
         lib = self._lib
         match query:
-            case "energy":
+            case NvmlQuery.ENERGY:
                 return lib.nvmlDeviceGetTotalEnergyConsumption
-            case "power":
+            case NvmlQuery.POWER:
                 return lib.nvmlDeviceGetPowerUsage
-            case "memory":
+            case NvmlQuery.MEMORY:
                 return lib.nvmlDeviceGetMemoryInfo
-            case "utilization":
+            case NvmlQuery.UTILIZATION:
                 return lib.nvmlDeviceGetUtilizationRates
             case _:
                 raise NotImplementedError(query)
@@ -125,14 +136,14 @@ class NvmlMeter:
             memory, util = values.get("memory"), values.get("utilization")
             out.append(Reading(
                 device.label, self.source,
-                joules=(int(values["energy"]) - device.energy_base_mj) / 1000
-                if "energy" in values else None,
-                watts=values["power"] / 1000 if "power" in values else None,
+                joules=(int(values[NvmlQuery.ENERGY]) - device.energy_base_mj) / 1000
+                if NvmlQuery.ENERGY in values else None,
+                watts=values[NvmlQuery.POWER] / 1000 if NvmlQuery.POWER in values else None,
                 busy_ratio=util.gpu / 100 if util is not None else None,
                 memory_used_bytes=int(memory.used) if memory is not None else None,
                 memory_total_bytes=int(memory.total) if memory is not None else None,
             ))
-        self.available = any("energy" in d.queries for d in self.devices)
+        self.available = any(NvmlQuery.ENERGY in d.queries for d in self.devices)
         return out
 
     def close(self) -> None:

@@ -61,6 +61,8 @@ class TierFigures:
     """Byte budget per tier."""
     prefetch_hit_ratio: float | None
     """Share of off-device state uses whose prefetch was done in time (None: no such use)."""
+    transfer_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Bytes moved between tiers since the start, {source tier: {destination tier: bytes}}."""
 
 
 @dataclass(slots=True)
@@ -118,10 +120,6 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.step_seconds if self.step_seconds > 0 else 0.0
 
 
 class JsonlWriter:

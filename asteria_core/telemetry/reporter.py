@@ -1,10 +1,13 @@
-"""The one interface through which the runtime reports figures.
+"""What the runtime's parts report besides the step record.
 
-The runtime, the refresh engine, the tier store and distributed code receive a `Reporter`
-and call its methods; they never import prometheus_client. `Telemetry` (core.py) is the real
-implementation; `NullReporter` does nothing and is what a trainer gets when telemetry is off.
-Labels are bounded: a cause, a tier or a transfer endpoint outside the sets below is a
-programming error and raises `ValueError`.
+The step record is the one channel for a step's figures: the refresh engine, the tier store
+and the policy put theirs in its sections, and the exporter derives every gauge and counter
+from records (`Telemetry.observe`). A part calls its `Reporter` only for what a record does not
+hold: the training thread's waits (idle attribution), each refresh's duration and each block's
+staleness (histograms of events), and the run's refresh mode (a label). `Telemetry` (core.py)
+is the real implementation; `NullReporter` does nothing and is what a trainer gets when
+telemetry is off. They never import prometheus_client. Labels are bounded: a cause outside
+WAIT_CAUSES is a programming error and raises `ValueError`.
 
 Waits are the heart of idle attribution. A part that blocks the training thread wraps the
 blocking call in `reporter.wait(cause)`; that time is subtracted from the compute time of the
@@ -18,6 +21,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
+from asteria_core.telemetry.labels import IDLE_CAUSES, TIERS, WAIT_CAUSES
+
 if TYPE_CHECKING:
     import torch
 
@@ -25,15 +30,9 @@ if TYPE_CHECKING:
     from asteria_core.telemetry.records import StepRecord, TimingFigures
     from asteria_core.telemetry.timing import PhaseTimer
 
-WAIT_CAUSES = ("refresh_wait", "transfer_wait", "sync_wait", "data_wait")
-"""Causes a part may report; `other` (the unexplained rest of a step) is derived, never reported."""
-IDLE_CAUSES = (*WAIT_CAUSES, "other")
-TIERS = ("device", "host", "disk")
 
-
-def check_label(kind: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{kind}: got {value!r}; allowed: {' | '.join(allowed)}")
+__all__ = ["IDLE_CAUSES", "TIERS", "WAIT_CAUSES", "NullReporter", "Reporter", "RunReporter",
+           "make_reporter"]
 
 
 class Reporter(Protocol):
@@ -47,44 +46,17 @@ class Reporter(Protocol):
         """Report a wait of the training thread measured by the caller."""
         ...
 
-    def refresh_done(self, seconds: float, *, ok: bool = True) -> None:
-        """One preconditioner refresh finished (ok) or failed (not ok) after `seconds`."""
-        ...
-
-    def inline_fallback(self) -> None:
-        """A refresh meant for a worker ran on the training thread instead."""
-        ...
-
-    def set_refresh_queue(self, depth: int, *, busy_ratio: float | None = None) -> None:
-        """Refreshes queued or running, and optionally the share of worker time busy (0-1)."""
+    def refresh_done(self, seconds: float) -> None:
+        """One preconditioner refresh of this process took `seconds` (it may have failed: the
+        record counts failures)."""
         ...
 
     def set_staleness(self, steps: Sequence[int]) -> None:
         """Staleness in steps of every preconditioner block in use at this step boundary."""
         ...
 
-    def set_tier_bytes(self, tier: str, used: int, capacity: int) -> None:
-        """Bytes of optimizer state held in a tier, and the tier's budget."""
-        ...
-
-    def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
-        """Bytes moved from one tier to another."""
-        ...
-
-    def set_prefetch_hit_ratio(self, ratio: float) -> None:
-        """Share of off-device state uses whose prefetch was done in time (0-1), so far."""
-        ...
-
-    def set_policy_version(self, version: int) -> None:
-        """The version of the live policy now in force."""
-        ...
-
     def set_mode(self, mode: str) -> None:
         """The refresh mode of the run (the `mode` label of asteria_run_info), e.g. native."""
-        ...
-
-    def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
-        """The staleness bound in force, and refresh work per interval / worker capacity."""
         ...
 
 
@@ -131,34 +103,13 @@ class NullReporter:
     def add_wait(self, cause: str, seconds: float) -> None:
         pass
 
-    def refresh_done(self, seconds: float, *, ok: bool = True) -> None:
-        pass
-
-    def inline_fallback(self) -> None:
-        pass
-
-    def set_refresh_queue(self, depth: int, *, busy_ratio: float | None = None) -> None:
+    def refresh_done(self, seconds: float) -> None:
         pass
 
     def set_staleness(self, steps: Sequence[int]) -> None:
         pass
 
-    def set_tier_bytes(self, tier: str, used: int, capacity: int) -> None:
-        pass
-
-    def add_transfer(self, src: str, dst: str, nbytes: int) -> None:
-        pass
-
-    def set_prefetch_hit_ratio(self, ratio: float) -> None:
-        pass
-
-    def set_policy_version(self, version: int) -> None:
-        pass
-
     def set_mode(self, mode: str) -> None:
-        pass
-
-    def set_refresh_policy(self, staleness_bound: int, background_load: float | None) -> None:
         pass
 
     def bind(self, timer: PhaseTimer, *, device: torch.device, run_id: str,

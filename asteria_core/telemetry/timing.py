@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("data", "forward", "backward", "optimizer", "boundary")
+from asteria_core.telemetry.labels import PHASES
 
 PhaseToken = tuple[int, int]
 """(step generation, stack depth) of an entered phase; leaving it closes it and what it holds."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from asteria_core.telemetry.labels import Tier
+
 WRITTEN = "written_every_step"
 READ = "read_every_step"
 BACKGROUND = "background_only"
@@ -55,7 +57,7 @@ class Entry:
     shape: tuple[int, ...]
     dtype: torch.dtype
     lifecycle: str
-    tier: str = "device"
+    tier: str = Tier.DEVICE.value
 
     @property
     def nbytes(self) -> int:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from asteria_core.policy import Policy, PolicyError
+from asteria_core.policy import OffloadMode, Policy, PolicyError
+from asteria_core.telemetry.labels import Tier
 from asteria_core.tiers.lifecycle import BACKGROUND, VALUE_PER_BYTE, Entry, padded
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,8 @@ def plan(entries: list[Entry], policy: Policy) -> Plan:
     tiers: list[str | None] = [None] * len(entries)
     for i, e in enumerate(entries):
         if e.lifecycle == BACKGROUND:
-            tiers[i] = "host"
-    if mode == "none":
+            tiers[i] = Tier.HOST
+    if mode == OffloadMode.NONE:
         if (device or host) and not _warned_none:
             _warned_none = True
             log.warning("tier budgets have no effect with offload_mode=none")
@@ -94,28 +95,28 @@ def plan(entries: list[Entry], policy: Policy) -> Plan:
     # Most valuable per byte first; then the parameter order (prefetch order) for ties.
     order = sorted(range(len(entries)),
                    key=lambda i: (-VALUE_PER_BYTE[entries[i].lifecycle], entries[i].param, i))
-    _fill(order, entries, tiers, "device", device)
-    off_device = any(t != "device" for t in tiers)
+    _fill(order, entries, tiers, Tier.DEVICE, device)
+    off_device = any(t != Tier.DEVICE for t in tiers)
     if off_device and device is not None and device < w:
         raise PolicyError("device_budget_bytes", f"got {device}; allowed: 0 (no limit) or at "
                           f"least {w}, the minimum working set (the largest parameter's state, "
                           "which is resident while it updates)")
     slots = 0
     match mode:
-        case "none":
+        case OffloadMode.NONE:
             pass
-        case "host":
-            _fill(order, entries, tiers, "host", None)
-        case "disk" | "auto":
-            if mode == "auto":
+        case OffloadMode.HOST:
+            _fill(order, entries, tiers, Tier.HOST, None)
+        case OffloadMode.DISK | OffloadMode.AUTO:
+            if mode == OffloadMode.AUTO:
                 trial = list(tiers)
-                _fill(order, entries, trial, "host", host)
+                _fill(order, entries, trial, Tier.HOST, host)
                 if all(t is not None for t in trial):
                     return Plan(tuple(trial), 0, w)
             slots = _slots(host, w) if any(t is None for t in tiers) else 0
-            if mode == "auto":
-                _fill(order, entries, tiers, "host", None if host is None else host - slots * w)
-            _fill(order, entries, tiers, "disk", None)
+            if mode == OffloadMode.AUTO:
+                _fill(order, entries, tiers, Tier.HOST, None if host is None else host - slots * w)
+            _fill(order, entries, tiers, Tier.DISK, None)
         case _:
             raise NotImplementedError(mode)
-    return Plan(tuple(t or "device" for t in tiers), slots, w)
+    return Plan(tuple(t or Tier.DEVICE.value for t in tiers), slots, w)

@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.optim.base import BlockPreconditioner, Writes
 from asteria_core.optim.seam import BlockInfo, RefreshResult
 from asteria_core.policy import LivePolicy, Policy, PolicyError
+from asteria_core.telemetry.labels import TIERS, IdleCause, Tier
 from asteria_core.telemetry.records import TierFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
 from asteria_core.tiers.disk import (
@@ -70,6 +71,8 @@ class TierStore:
         self.live = policy
         self.run_dir = Path(run_dir)
         self.reporter = reporter or NullReporter()
+        self._transfer_bytes: dict[str, dict[str, int]] = {}
+        self._moved_lock = threading.Lock()
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.entries: list[Entry] = []
         self.by_param: dict[int, list[int]] = {}
@@ -84,7 +87,7 @@ class TierStore:
         self.disk: DiskTier | None = None
         self.results: ResultFiles | None = None
         """Refresh results of disk-homed blocks, waiting for their swap (tiers/results.py)."""
-        self.plan: Plan = Plan(("device",) * len(self.entries), 0, 0)
+        self.plan: Plan = Plan((Tier.DEVICE,) * len(self.entries), 0, 0)
         self._policy: Policy | None = None
         self._slots: list[np.ndarray] = []
         self._free: queue.Queue[int] = queue.Queue()
@@ -120,7 +123,7 @@ class TierStore:
         """LivePolicy validator: the placement must be possible, and its disk dir usable."""
         proposed = plan(self.entries, policy)  # raises PolicyError naming the budget
         if proposed.slots:
-            why = check_writable(self.disk_folder(policy), proposed.used(self.entries, "disk"),
+            why = check_writable(self.disk_folder(policy), proposed.used(self.entries, Tier.DISK),
                                  proposed.slot_bytes)
             if why is not None:
                 raise PolicyError("disk_dir", why)
@@ -132,7 +135,7 @@ class TierStore:
         policy = self.live.current
         if any(getattr(policy, f) != getattr(self._policy, f) for f in TIER_FIELDS):
             self.migrate(policy)
-        return self.report()
+        return self.figures()
 
     def migrate(self, policy: Policy) -> None:
         """Re-plan under `policy` and move every entry whose home changed (synchronous)."""
@@ -150,7 +153,7 @@ class TierStore:
         for e, tier in zip(self.entries, self.plan.tiers, strict=True):
             e.tier = tier
         # Bytes per home tier: the plan's, so counted once per plan, not at every step.
-        self._tier_bytes = {t: self.plan.used(self.entries, t) for t in ("device", "host", "disk")}
+        self._tier_bytes = {t: self.plan.used(self.entries, t) for t in TIERS}
         self._policy = policy
         if self.plan.slots:
             if self.disk is not None:
@@ -170,7 +173,7 @@ class TierStore:
             for lifecycle in (WRITTEN, READ):
                 start, parts = off, []
                 for e in (self.entries[i] for i in ids):
-                    if e.tier == "disk" and (e.lifecycle == READ) == (lifecycle == READ):
+                    if e.tier == Tier.DISK and (e.lifecycle == READ) == (lifecycle == READ):
                         layout.append((e, off))
                         parts.append((e.name, off - start, e.nbytes))
                         off += padded(e.nbytes)
@@ -179,9 +182,9 @@ class TierStore:
             self._offsets[index] = layout
             self._groups[index] = groups
             self._host_staged[index] = [self.entries[i] for i in ids if self.device.type != "cpu"
-                                        and self.entries[i].tier == "host"]
+                                        and self.entries[i].tier == Tier.HOST]
         self._homes = {k: v for k, v in self._homes.items()
-                       if self.entries[self._entry_id(*k)].tier == "host"}
+                       if self.entries[self._entry_id(*k)].tier == Tier.HOST}
 
     # ------------------------------------------------------------------ residency protocol
     def begin_step(self, order: list[int]) -> None:
@@ -220,7 +223,7 @@ class TierStore:
             else:
                 self.misses += 1
         if not load[0].is_set():
-            with self.reporter.wait("transfer_wait"):
+            with self.reporter.wait(IdleCause.TRANSFER_WAIT):
                 load[0].wait()
         slot, err = load[1]
         if err is not None:
@@ -238,19 +241,20 @@ class TierStore:
         optimizer's own tensors, which the store only re-points at a migration."""
         return bool(self._offsets.get(index) or self._host_staged.get(index))
 
-    def release(self, index: int, state: dict, writes: str) -> None:
+    def release(self, index: int, state: dict, writes: Writes) -> None:
         if index not in self._adopted:
             self._adopt(index, state)
             return
         for e in self._host_staged.get(index, ()):
-            if writes == "all" or (writes == "step" and e.lifecycle != READ):
+            if writes == Writes.ALL or (writes == Writes.STEP and e.lifecycle != READ):
                 self._homes[e.param, e.path].copy_(get_leaf(state, e.path))
             set_leaf(state, e.path, self._homes[e.param, e.path])
         if index not in self._held:
             return
         # The state stays resident ("lingers") until another parameter is needed, so the
         # snapshots and swaps of one parameter's blocks at a boundary cost one read and write.
-        dirty = {WRITTEN, READ} if writes == "all" else {WRITTEN} if writes == "step" else set()
+        dirty = {WRITTEN, READ} if writes == Writes.ALL else \
+            {WRITTEN} if writes == Writes.STEP else set()
         if self._linger is not None and self._linger[0] == index:
             dirty |= self._linger[2]
         self._linger = (index, state, dirty)
@@ -350,7 +354,7 @@ class TierStore:
 
     def _write(self, index: int, slot: int, dirty: list, event: threading.Event) -> None:
         try:
-            self._write_groups(self._slots[slot], dirty, "host")
+            self._write_groups(self._slots[slot], dirty, Tier.HOST)
         except BaseException as err:
             self._errors.append(err)
         finally:
@@ -360,12 +364,12 @@ class TierStore:
     def _read_groups(self, index: int, buf: np.ndarray) -> None:
         for fname, _, start, parts in self._groups[index]:
             self.disk.read(fname, buf[start:], parts)
-            self.reporter.add_transfer("disk", "host", sum(n for _, _, n in parts))
+            self._moved(Tier.DISK, Tier.HOST, sum(n for _, _, n in parts))
 
     def _write_groups(self, buf: np.ndarray, groups: list, src: str) -> None:
         for fname, _, start, parts in groups:
             self.disk.write(fname, buf[start:], parts)
-            self.reporter.add_transfer(src, "disk", sum(n for _, _, n in parts))
+            self._moved(src, Tier.DISK, sum(n for _, _, n in parts))
 
     def _loop(self, q: queue.Queue) -> None:
         while True:
@@ -413,7 +417,7 @@ class TierStore:
             self._pending_write_wait(index)
             self._read_groups(index, scratch)
         for e in (self.entries[i] for i in self.by_param[index]):
-            if e.tier == "disk":
+            if e.tier == Tier.DISK:
                 off = offsets[e.path]
                 out[e.path] = torch.from_numpy(scratch[off:off + e.nbytes]).view(
                     e.dtype).view(e.shape).clone()
@@ -447,15 +451,15 @@ class TierStore:
         for e in (self.entries[i] for i in self.by_param[index]):
             t = tensors[e.path]
             match e.tier:
-                case "device":
+                case Tier.DEVICE:
                     set_leaf(state, e.path, copy_out(t, self.device))
-                case "host" if self.device.type == "cpu":
+                case Tier.HOST if self.device.type == "cpu":
                     set_leaf(state, e.path, copy_out(t))
-                case "host":
+                case Tier.HOST:
                     home = self._homes[e.param, e.path] = t.to("cpu").pin_memory()
                     release_loaded(t)
                     set_leaf(state, e.path, home)
-                case "disk":
+                case Tier.DISK:
                     off = offsets[e.path]
                     view = torch.from_numpy(scratch[off:off + e.nbytes]).view(e.dtype)
                     view.view(e.shape).copy_(t)
@@ -464,7 +468,7 @@ class TierStore:
                 case _:
                     raise NotImplementedError(e.tier)
         if offsets:
-            self._write_groups(scratch, self._groups[index], "device")
+            self._write_groups(scratch, self._groups[index], Tier.DEVICE)
         self._adopted.add(index)
 
     # ------------------------------------------------------------------ refresh results
@@ -473,7 +477,7 @@ class TierStore:
         a file of the disk tier (the same result, its tensors mapped from there); else as is."""
         if not self.stages_results(result.key.param):
             return result
-        self.reporter.add_transfer("host", "disk", result_bytes(result))
+        self._moved(Tier.HOST, Tier.DISK, result_bytes(result))
         staged = self.results.stage(result)
         trim_heap()  # the previous refresh's snapshot and intermediates leave memory
         return staged
@@ -522,9 +526,9 @@ class TierStore:
     def memory_bytes(self) -> int:
         """Bytes of state the plan keeps in this process's memory: the host tier and its
         staging buffers, and the device tier when the device is the CPU."""
-        held = self.plan.used(self.entries, "host") + self.plan.slots * self.plan.slot_bytes
+        held = self.plan.used(self.entries, Tier.HOST) + self.plan.slots * self.plan.slot_bytes
         if self.device.type == "cpu":
-            held += self.plan.used(self.entries, "device")
+            held += self.plan.used(self.entries, Tier.DEVICE)
         return held
 
     def hit_ratio(self) -> float | None:
@@ -537,22 +541,22 @@ class TierStore:
         policy = self._policy
         total = sum(used.values())
         staging = self.plan.slots * self.plan.slot_bytes
-        held = {"device": used["device"], "host": used["host"] + staging}
-        capacity = {"device": policy.device_budget_bytes or total,
-                    "host": policy.host_budget_bytes or total + staging}
+        held = {Tier.DEVICE: used[Tier.DEVICE], Tier.HOST: used[Tier.HOST] + staging}
+        capacity = {Tier.DEVICE: policy.device_budget_bytes or total,
+                    Tier.HOST: policy.host_budget_bytes or total + staging}
         if self.plan.slots:
-            held["disk"], capacity["disk"] = used["disk"], total
+            held[Tier.DISK], capacity[Tier.DISK] = used[Tier.DISK], total
+        with self._moved_lock:
+            moved = {src: dict(by_dst) for src, by_dst in self._transfer_bytes.items()}
         return TierFigures(bytes=held, capacity_bytes=capacity,
-                           prefetch_hit_ratio=self.hit_ratio())
+                           prefetch_hit_ratio=self.hit_ratio(), transfer_bytes=moved)
 
-    def report(self) -> TierFigures:
-        """Report this boundary's figures through the reporter; returns them for the record."""
-        figures = self.figures()
-        for tier, used in figures.bytes.items():
-            self.reporter.set_tier_bytes(tier, used, figures.capacity_bytes[tier])
-        if figures.prefetch_hit_ratio is not None:
-            self.reporter.set_prefetch_hit_ratio(figures.prefetch_hit_ratio)
-        return figures
+    def _moved(self, src: str, dst: str, nbytes: int) -> None:
+        """Count bytes moved between tiers (from the I/O threads too); the record carries the
+        totals, from which the exporter derives its counter."""
+        with self._moved_lock:
+            by_dst = self._transfer_bytes.setdefault(str(src), {})
+            by_dst[str(dst)] = by_dst.get(str(dst), 0) + nbytes
 
     def close(self) -> None:
         """Finish pending writes and stop the I/O threads (idempotent)."""

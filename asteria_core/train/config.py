@@ -12,11 +12,14 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
 
 from asteria_core.machine import MACHINE
-from asteria_core.policy import Policy
+from asteria_core.optim.registry import OPTIMIZERS, OptimizerName
+from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap
+from asteria_core.policy import OffloadMode, Policy
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.validation import ConfigError, check, finite_in, int_in, one_of
 
@@ -32,9 +35,12 @@ def max_corpus_bytes() -> int:
 
 
 def check_limits(section: object, name: str) -> None:
-    """Each integer key in `LIMITS` of a config section within its [low, high]."""
+    """Each integer key in `LIMITS` of a config section within its [low, high], and each key in
+    `CHOICES` one of its values (the OpenAPI document lists them as the key's enum)."""
     for key, (lo, hi) in type(section).LIMITS.items():
         int_in(f"{name}.{key}", getattr(section, key), lo, hi)
+    for key, allowed in getattr(type(section), "CHOICES", {}).items():
+        one_of(f"{name}.{key}", getattr(section, key), allowed)
 
 
 def parse_cpu_list(key: str, text: str) -> frozenset[int]:
@@ -83,9 +89,6 @@ class ModelConfig:
         finite_in("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
 
 
-OPTIMIZERS = ("adamw", "soap", "shampoo", "kl_shampoo")
-
-
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
     """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW."""
@@ -120,9 +123,11 @@ class OptimConfig:
     LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
         "warmup_steps": (0, MAX_STEPS), "max_precond_dim": (1, 65536),
         "precond_block_size": (1, 65536)}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "name": OPTIMIZERS, "refresh_method": tuple(m.value for m in BASIS_REFRESHES),
+        "moment_swap": tuple(m.value for m in MomentSwap)}
 
     def __post_init__(self) -> None:
-        one_of("optim.name", self.name, OPTIMIZERS)
         finite_in("optim.lr", self.lr, 0.0, 10.0, lo_open=True)
         check(isinstance(self.betas, tuple) and len(self.betas) == 2, "optim.betas",
                self.betas, "two numbers in [0, 1)")
@@ -135,8 +140,6 @@ class OptimConfig:
         check(self.shampoo_beta == -1.0 or 0.0 <= self.shampoo_beta < 1.0,
                "optim.shampoo_beta", self.shampoo_beta, "-1 (use betas[1]) or a number in [0, 1)")
         check_limits(self, "optim")
-        one_of("optim.refresh_method", self.refresh_method, ("power_qr", "eigh"))
-        one_of("optim.moment_swap", self.moment_swap, ("reference", "transport"))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -170,7 +173,16 @@ class DataConfig:
         check_limits(self, "data")
 
 
-DEVICES = ("auto", "cpu", "cuda")
+class Device(StrEnum):
+    """train.device."""
+
+    AUTO = "auto"  # CUDA where there is one, else the CPU
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+RESUME_AUTO = "auto"
+"""train.resume's word for "the newest checkpoint in out_dir, else a fresh start"."""
 # The corpora built in beside the default (asteria_core/train/data.py's NAMED_CORPORA): a name
 # here is taken where no such path exists.
 BUILTIN_CORPORA = ("python-source",)
@@ -213,6 +225,7 @@ class TrainConfig:
     Linux CPU list ("2-7"): on a GPU host, the cores that do not feed the device. Empty: those
     of the training thread (`train.cpus`). Linux only."""
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"device": tuple(d.value for d in Device)}
     LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
         "steps": (1, MAX_STEPS), "eval_interval": (1, MAX_STEPS), "eval_batches": (1, 100_000),
         "log_interval": (1, MAX_STEPS), "seed": (0, 2**32 - 1),  # numpy seeds are 32-bit
@@ -220,13 +233,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "train")
-        one_of("train.device", self.device, DEVICES)
         for key in ("cpus", "worker_cpus"):
             if getattr(self, key):
                 check(sys.platform.startswith("linux"), f"train.{key}", getattr(self, key),
                       "empty on this platform (pinning needs Linux)")
                 parse_cpu_list(f"train.{key}", getattr(self, key))
-        if self.resume and self.resume != "auto" and \
+        if self.resume and self.resume != RESUME_AUTO and \
                 not Path(self.resume).expanduser().is_file():
             raise ConfigError(f"train.resume: checkpoint {self.resume!r} does not exist; "
                               "allowed: an existing checkpoint file, auto, or empty")
@@ -245,11 +257,17 @@ class RunConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def __post_init__(self) -> None:
-        need = minimum_bytes(self.model, self.data.batch_size)
+        # A second-order optimizer's state has a home tier: with a disk tier its moments may
+        # all live on disk, and the trainer checks what the tier plan keeps in memory
+        # (Trainer._check_memory). AdamW's moments stay in memory.
+        tiered = self.optim.name != OptimizerName.ADAMW and \
+            self.policy.offload_mode in (OffloadMode.DISK, OffloadMode.AUTO)
+        need = minimum_bytes(self.model, self.data.batch_size, moments=not tiered)
         if need > MACHINE.memory_bytes:
+            held = "weights and gradients" if tiered else "weights, gradients and moments"
             raise ConfigError(
                 f"model: got a model and batch that need at least {need / 2**30:.1f} GiB "
-                f"(weights, gradients and moments of {parameters(self.model):,} parameters, "
+                f"({held} of {parameters(self.model):,} parameters, "
                 f"activations of {self.data.batch_size} x {self.model.block_size} tokens); "
                 f"allowed: what fits in this machine's memory ({MACHINE.describe()})")
 
@@ -261,10 +279,11 @@ def parameters(model: ModelConfig) -> int:
     return model.n_layer * 12 * d * d + (model.vocab_size + model.block_size) * d + head
 
 
-def minimum_bytes(model: ModelConfig, batch_size: int) -> int:
-    """A lower estimate of the memory a run needs: fp32 weights, gradients and two moments
-    (16 bytes per parameter), and the activations kept for backward (about 34 bytes per
-    token, layer and unit of width, plus the logits)."""
+def minimum_bytes(model: ModelConfig, batch_size: int, moments: bool = True) -> int:
+    """A lower estimate of the memory a run needs: fp32 weights and gradients (8 bytes per
+    parameter), two moments unless the optimizer's state may leave memory (8 more), and the
+    activations kept for backward (about 34 bytes per token, layer and unit of width, plus the
+    logits)."""
     tokens = batch_size * model.block_size
     activations = tokens * (34 * model.n_layer * model.n_embd + 12 * model.vocab_size)
-    return 16 * parameters(model) + activations
+    return (16 if moments else 8) * parameters(model) + activations

@@ -18,15 +18,16 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from asteria_core.policy import Policy, policy_fields
+from asteria_core.policy import FieldKind, Policy, policy_fields
 from asteria_core.train.config_io import sections, type_name
 from asteria_core.validation import ConfigError
 
 _PROBES: dict[Any, Any] = {int: -(2**63), float: math.nan, str: "\0", tuple: ()}
 """A value of each type that every check of that type refuses (a string no path, CPU list or
 choice can be; a tuple of the wrong length), so the refusal tells what is allowed."""
-_POLICY_TYPES = {"int": "an integer", "auto_or_int": '"auto" or an integer',
-                 "choice": "a string", "bool": "true or false", "str": "a string"}
+_POLICY_TYPES = {FieldKind.INT: "an integer", FieldKind.AUTO_OR_INT: '"auto" or an integer',
+                 FieldKind.CHOICE: "a string", FieldKind.BOOL: "true or false",
+                 FieldKind.STR: "a string"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ def describe_keys() -> list[KeyDoc]:
     for section, cls in sections().items():
         if cls is Policy:
             keys += [KeyDoc(f"{section}.{f.name}", _POLICY_TYPES[f.kind],
-                            _POLICY_TYPES[f.kind] if f.kind == "bool" else f.allowed(),
+                            _POLICY_TYPES[f.kind] if f.kind == FieldKind.BOOL else f.allowed(),
                             f.default, f.help) for f in policy_fields()]
             continue
         hints, docs = typing.get_type_hints(cls), attribute_docs(cls)

@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from asteria_core.distributed import init_process_group
+from asteria_core.optim.registry import spec_of
+from asteria_core.policy import SwapMode
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.validation import ConfigError
-
-SECOND_ORDER = ("soap", "shampoo", "kl_shampoo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,8 @@ def check(config: RunConfig, ranks: Ranks) -> None:
     rank reads the same command line, so every rank refuses alike, before any collective."""
     if not ranks.parallel:
         return
-    if config.optim.name in SECOND_ORDER and config.policy.swap_mode != "deterministic":
+    if spec_of(config.optim.name).second_order and \
+            config.policy.swap_mode != SwapMode.DETERMINISTIC:
         raise ConfigError(f"policy.swap_mode: got {config.policy.swap_mode!r}; allowed: "
                           "deterministic in a data-parallel run (every rank swaps a new basis "
                           "at one step)")

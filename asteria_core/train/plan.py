@@ -33,6 +33,7 @@ import torch
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
 from asteria_core.policy import Policy
+from asteria_core.telemetry.labels import TIERS, Tier
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
 from asteria_core.train.config import RunConfig
@@ -43,7 +44,6 @@ HEADROOM = 0.8
 """Default target: duty at most 0.8, so a slower step or a busier host still keeps up."""
 MAX_STEP_SECONDS = 86_400.0
 MAX_SIDE = 65536  # optim.precond_block_size's and max_precond_dim's upper limit
-TIERS = ("device", "host", "disk")
 
 
 # ------------------------------------------------------------------------------ the run's shapes
@@ -246,7 +246,7 @@ def memory(shape: RunShape, policy: Policy) -> Memory:
     placed = place(shape.entries, policy)
     state = {tier: placed.used(shape.entries, tier) for tier in TIERS}
     staging = placed.slots * placed.slot_bytes
-    state["host"] += staging
+    state[Tier.HOST] += staging
     rounds = max(1, math.ceil(policy.delay / policy.refresh_interval))
     itemsize = max((e.dtype.itemsize for e in shape.entries), default=4)
     in_flight = sum(2 * b * b * itemsize for b in shape.sizes) * rounds
@@ -386,7 +386,7 @@ def render(run: RunPlan) -> str:
                   f"{_budget(m.policy.host_budget_bytes)})"]
     for tier in TIERS:
         extra = f" (with {_bytes(m.staging)} of staging for the disk tier)" \
-            if tier == "host" and m.staging else ""
+            if tier == Tier.HOST and m.staging else ""
         lines.append(f"  {tier:<7} {_bytes(m.state[tier]):>12} optimizer state{extra}")
     lines.append(f"  device  {_bytes(m.parameters_and_gradients):>12} parameters and gradients "
                  "(fp32)")

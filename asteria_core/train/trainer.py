@@ -30,12 +30,13 @@ from torch.nn.parallel import DistributedDataParallel
 from asteria_core.machine import memory_limit, memory_shortfall
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.runtime.runtime import Runtime, new_run_id
+from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.telemetry.reporter import RunReporter
 from asteria_core.tiers import TierFileError
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train import parallel
-from asteria_core.train.config import ConfigError, RunConfig, parse_cpu_list
+from asteria_core.train.config import RESUME_AUTO, ConfigError, Device, RunConfig, parse_cpu_list
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.data import (
     BatchLoader,
@@ -56,9 +57,9 @@ CheckpointSink = Callable[[int, Path], None]
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    if name == Device.AUTO:
+        return torch.device(Device.CUDA.value if torch.cuda.is_available() else Device.CPU.value)
+    if name == Device.CUDA and not torch.cuda.is_available():
         raise ValueError("train.device: got 'cuda' but no CUDA device is available; "
                          "allowed here: auto | cpu")
     return torch.device(name)
@@ -204,7 +205,7 @@ class Trainer:
     def _resume_path(self, config: RunConfig) -> str | None:
         """The checkpoint to resume (rank 0's file in a data-parallel run): `train.resume`, or
         with "auto" the newest one in `train.out_dir` (None: there is none, start fresh)."""
-        if config.train.resume != "auto":
+        if config.train.resume != RESUME_AUTO:
             return config.train.resume or None
         if not self.ranks.main:
             return None  # rank 0's choice is shared
@@ -305,7 +306,7 @@ class Trainer:
         """One step; its record stays open for the evaluation until `runtime.end_step()`."""
         rt, cfg = self.runtime, self.config
         with rt.phase("data"):
-            with rt.wait("data_wait"):
+            with rt.wait(IdleCause.DATA_WAIT):
                 x, y = self.loader.next_batch()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with rt.phase("forward"), self._autocast():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -39,7 +40,10 @@ async def get_steps(run_id: RunId, manager: Manager,
     if body is not None:
         return Response(body, media_type="application/json")
     steps = await run_in_threadpool(manager.store.steps, run_id, since, limit)
-    return StepPage(run_id=run_id, steps=steps, next_since=steps[-1]["step"] if steps else since)
+    # The records as stored: `StepPage` documents them (its `steps` are StepRecords); they are
+    # the runtime's own JSON, so they are not parsed again on the way out.
+    page = {"run_id": run_id, "steps": steps, "next_since": steps[-1]["step"] if steps else since}
+    return Response(json.dumps(page), media_type="application/json")
 
 
 @router.get("/runs/{run_id}/events", response_class=EventSourceResponse,

@@ -10,14 +10,15 @@ from fastapi.concurrency import run_in_threadpool
 from asteria_core.train.config_io import config_from_dict
 from backend import paths, public
 from backend.deps import Client, Manager, Reader, RunIdPath, SettingsDep
+from backend.run_states import RunCommand
 from backend.schemas import CommandAccepted, RunCreate, RunPublic
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 COMMAND_DETAIL = {
-    "stop": "the run stops at its next step boundary and writes a checkpoint",
-    "pause": "the run pauses at its next step boundary",
-    "resume": "the run continues (from its checkpoint if it was not active)",
-    "checkpoint": "a checkpoint is written at the next step boundary",
+    RunCommand.STOP: "the run stops at its next step boundary and writes a checkpoint",
+    RunCommand.PAUSE: "the run pauses at its next step boundary",
+    RunCommand.RESUME: "the run continues (from its checkpoint if it was not active)",
+    RunCommand.CHECKPOINT: "a checkpoint is written at the next step boundary",
 }
 
 
@@ -53,7 +54,7 @@ async def get_run(run_id: RunIdPath, manager: Manager, reader: Reader) -> Respon
     return RunPublic.model_validate(row if reader else public.run(row))
 
 
-def _command_route(command: str) -> None:
+def _command_route(command: RunCommand) -> None:
     def run_command(run_id: RunIdPath, manager: Manager, _client: Client) -> CommandAccepted:
         run = RunPublic.model_validate(manager.command(run_id, command))
         return CommandAccepted(run=run, command=command, detail=COMMAND_DETAIL[command])

@@ -10,16 +10,6 @@ from dashboard import components, panels, series, state
 from dashboard.client import ACTIVE, ApiError
 
 
-def metrics_text(base: str, run: dict[str, Any]) -> str:
-    """The active run's /metrics (tier capacities); "" for a past run."""
-    if run["status"] not in ACTIVE:
-        return ""
-    try:
-        return state.metrics(base)
-    except ApiError:
-        return ""
-
-
 def ranks_view(base: str, run: dict[str, Any]) -> dict[str, Any] | None:
     """The active run's ranks (GET /runs/{id}/ranks) when it has more than one; else None (a
     past run, a single-process run, or a control plane without the route)."""
@@ -61,9 +51,7 @@ def draw(base: str, run: dict[str, Any]) -> None:
     st.subheader("Refresh queue and background load")
     panels.refresh(binned, marks)
     st.subheader("Optimizer-state tiers")
-    text = metrics_text(base, now)
-    panels.tiers(binned, marks, policy,
-                 series.gauge_by_label(text, "asteria_tier_capacity_bytes", "tier"))
+    panels.tiers(binned, marks, policy)
     view = ranks_view(base, now)
     if view is not None:
         st.subheader("Ranks")

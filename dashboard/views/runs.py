@@ -9,13 +9,11 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import components, state
-from dashboard.client import ACTIVE, ApiError
+from dashboard.client import ACTIVE, RESUMABLE, ApiError, RunCommand, RunStatus
 
 MODELS = {"tiny (~30K params)": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
           "small (~0.2M)": {"n_layer": 1, "n_head": 4, "n_embd": 128, "block_size": 128},
           "default (~1M)": {}}
-OPTIMIZERS = ("adamw", "soap", "shampoo", "kl_shampoo")
-RESUMABLE = ("paused", "stopped", "interrupted", "failed")
 DEFAULT_WATTS = 15.0
 """The default run's energy estimate (backend/commands.py SERVED_RUN;
 tests/dashboard/test_defaults.py holds the two equal: the dashboard reaches the control plane over
@@ -49,10 +47,11 @@ def _command(run_id: str, command: str) -> None:
 def commands(run: dict[str, Any]) -> None:
     status = run["status"]
     st.subheader(f"Run {run['id']}: {status} at step {run['step']}")
-    enabled = {"pause": status == "running", "resume": status in RESUMABLE,
-               "checkpoint": status in ACTIVE, "stop": status in ACTIVE}
+    enabled = {RunCommand.PAUSE: status == RunStatus.RUNNING,
+               RunCommand.RESUME: status in RESUMABLE, RunCommand.CHECKPOINT: status in ACTIVE,
+               RunCommand.STOP: status in ACTIVE}
     cols = st.columns(4, width=560)
-    for col, command in zip(cols, ("pause", "resume", "checkpoint", "stop"), strict=True):
+    for col, command in zip(cols, enabled, strict=True):
         col.button(command.capitalize(), key=f"cmd_{command}", disabled=not enabled[command],
                    on_click=_command, args=(run["id"], command), width="stretch")
     kind, payload = st.session_state.pop("command_answer", (None, None))
@@ -62,11 +61,12 @@ def commands(run: dict[str, Any]) -> None:
         components.banner(payload)
 
 
-def start_form() -> None:
+def start_form(base: str) -> None:
     st.subheader("Start a new run")
+    optimizers = components.config_choices(state.openapi(base), "optim", "name")
     with st.form("start_run"):
         c1, c2, c3, c4 = st.columns(4)
-        optim = c1.selectbox("Optimizer", OPTIMIZERS, key="new_optim")
+        optim = c1.selectbox("Optimizer", optimizers, key="new_optim")
         model = c2.selectbox("Model", list(MODELS), key="new_model")
         steps = c3.number_input("Steps", min_value=1, value=500, step=100, key="new_steps")
         lr = c4.number_input("Learning rate", min_value=0.0, value=3e-3, step=1e-3,
@@ -103,7 +103,7 @@ def main() -> None:
     run_id = state.selected_run()
     if run_id is not None:
         commands(state.run(base, run_id))
-    start_form()
+    start_form(base)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from asteria_core.telemetry.records import StepRecord
 from backend.live import LiveView
 from backend.schemas import RunPublic, StepPage
 
@@ -13,10 +14,16 @@ ROW = {"id": "r1", "status": "running", "step": 0, "total_steps": 100, "checkpoi
        "policy": {"workers": 1}}  # a store row has more columns than the public model
 
 
+def record(step: int) -> dict:
+    """A step record as the runtime writes it (StepPage documents `steps` as StepRecords)."""
+    return StepRecord(step=step, time=1.0 + step, loss=1.0 / step, lr=1e-3, tokens=64,
+                      step_seconds=0.1, phase_seconds={}).to_dict()
+
+
 def _view(steps: range, window: int = 10) -> LiveView:
     view = LiveView(ROW, window=window)
     for step in steps:
-        view.add_step(step, json.dumps({"step": step, "loss": 1.0 / step}))
+        view.add_step(step, json.dumps(record(step)))
     return view
 
 
@@ -34,7 +41,7 @@ def test_row_json_is_the_public_model_and_follows_updates():
 def test_steps_pages_are_contiguous_and_valid():
     view = _view(range(1, 8))
     page = StepPage.model_validate_json(view.steps_json(since=2, limit=3))
-    assert [s["step"] for s in page.steps] == [3, 4, 5] and page.next_since == 5
+    assert [s.step for s in page.steps] == [3, 4, 5] and page.next_since == 5
     page = StepPage.model_validate_json(view.steps_json(since=7, limit=3))
     assert page.steps == [] and page.next_since == 7
 

@@ -163,7 +163,7 @@ def test_live_reads_answer_like_the_routes_and_bad_queries_still_get_422(client)
     assert RunPublic.model_validate(_run(client, run_id)).id == run_id
     page = StepPage.model_validate(client.get(f"/runs/{run_id}/steps",
                                               params={"since": 1, "limit": 2}).json())
-    assert [s["step"] for s in page.steps] == [2, 3] and page.next_since == 3
+    assert [s.step for s in page.steps] == [2, 3] and page.next_since == 3
     for params in ({"limit": 0}, {"limit": 10_001}, {"since": -1}, {"since": "x"}):
         r = client.get(f"/runs/{run_id}/steps", params=params)
         assert r.status_code == 422, (params, r.text)

@@ -2,6 +2,7 @@
 added to `Policy` reaches the API schema and the form with nothing else written."""
 
 import dataclasses
+from enum import StrEnum
 
 from fastapi import FastAPI
 
@@ -29,11 +30,15 @@ def test_the_form_has_every_policy_field_with_its_widget():
 
 
 def test_a_field_added_to_the_policy_reaches_the_api_schema_and_the_form():
+    class TierOrder(StrEnum):
+        FAST = "fast"
+        CHEAP = "cheap"
+
     @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
     class Wider(Policy):
         prefetch: int = policy_module._int(2, 0, 8, "Prefetch (blocks)",
                                            "Blocks fetched from the disk tier ahead of use.")
-        tier_order: str = policy_module._choice("fast", ("fast", "cheap"), "Tier order",
+        tier_order: str = policy_module._choice(TierOrder.FAST, "Tier order",
                                                 "Which tier is filled first.")
 
     app = FastAPI()
@@ -59,3 +64,25 @@ def test_an_unknown_schema_gives_no_fields_and_odd_types_give_text():
     doc = {"components": {"schemas": {"PolicyUpdate": {"properties": {
         "ratio": {"type": "number", "title": "Ratio"}}}}}}
     assert form_fields(doc) == (FormField("ratio", "Ratio", "", "text"),)
+
+
+def test_the_start_form_offers_the_optimizers_the_api_lists():
+    """The run form's optimizers come from the API's schema (the config section's CHOICES as
+    the key's enum): the core's registry, not a list copied into the dashboard."""
+    from asteria_core.optim.registry import OPTIMIZERS
+    from dashboard.components import config_choices
+
+    doc = create_app(Settings(start_default_run=False)).openapi()
+    assert config_choices(doc, "optim", "name") == OPTIMIZERS
+    assert config_choices(doc, "train", "device") == ("auto", "cpu", "cuda")
+    assert config_choices(doc, "optim", "lr") == ()  # not a choice
+
+
+def test_the_dashboards_statuses_and_commands_are_the_apis():
+    """The dashboard talks HTTP only, so it names run statuses and commands itself
+    (dashboard/client.py); they are the API's, as its OpenAPI document lists them."""
+    from dashboard.client import RunCommand, RunStatus
+
+    schemas = create_app(Settings(start_default_run=False)).openapi()["components"]["schemas"]
+    assert list(RunStatus) == schemas["RunStatus"]["enum"]
+    assert list(RunCommand) == schemas["RunCommand"]["enum"]

@@ -204,13 +204,12 @@ def _tier_panel() -> None:
     buf = series.StepBuffer()
     buf.extend([{"step": s, "time": 100.0 + s, "loss": 3.0, "eval_loss": None, "lr": 1e-3,
                  "tokens": 64, "step_seconds": 1.0, "phase_seconds": {},
-                 "tiers": {"bytes": {"device": 1000, "host": 50 * s}, "capacity_bytes": {},
-                           "prefetch_hit_ratio": None}}
+                 "tiers": {"bytes": {"device": 1000, "host": 50 * s},
+                           "capacity_bytes": {"device": 2048}, "prefetch_hit_ratio": None}}
                 for s in range(1, 50)])
     df = series.frame(buf)
     marks = series.markers([], df)
-    panels.tiers(df, marks, {"device_budget_bytes": 0, "host_budget_bytes": 4096},
-                 {"device": 2048.0})
+    panels.tiers(df, marks, {"device_budget_bytes": 0, "host_budget_bytes": 4096})
 
 
 def test_tier_panel_draws_occupancy_with_capacities():
@@ -220,7 +219,7 @@ def test_tier_panel_draws_occupancy_with_capacities():
     assert not at.info  # no "not reported" note
     used, caps = chart_data(chart)
     assert set(used["series"]) == {"device", "host"}
-    # capacity: the /metrics gauge for device, the policy budget for host (no disk budget)
+    # capacity: the records' for device, the policy budget for host (none in the records)
     assert dict(zip(caps["series"], caps["value"], strict=True)) == {"device": 2048.0,
                                                                       "host": 4096.0}
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pandas as pd
 import pytest
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from dashboard import series
 
@@ -139,12 +141,38 @@ def test_power_is_taken_between_meter_readings():
     assert e["watts"].dropna().to_numpy()[1:] == pytest.approx(50.0)  # [0]: from step 1
 
 
-def test_tier_capacities_from_a_real_exposition():
-    registry = CollectorRegistry()
-    gauge = Gauge("asteria_tier_capacity_bytes", "budget", ["tier"], registry=registry)
-    gauge.labels("device").set(1024)
-    gauge.labels("host").set(2**20)
-    text = generate_latest(registry).decode()
-    assert series.gauge_by_label(text, "asteria_tier_capacity_bytes", "tier") == \
-        {"device": 1024.0, "host": 2.0**20}
-    assert series.gauge_by_label(text, "asteria_tier_bytes", "tier") == {}
+def test_the_dashboard_never_reads_metrics_text():
+    """One channel: the dashboard reads step records and the API's JSON, never the
+    Prometheus exposition (issue 25)."""
+    root = Path(series.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    node.value.startswith("/metrics"):
+                found.append(f"{path.name}:{node.lineno} requests {node.value}")
+            if isinstance(node, ast.Import | ast.ImportFrom) and "prometheus" in ast.unparse(node):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+def test_every_record_figure_the_dashboard_reads_is_in_the_published_record_schema():
+    """The dashboard reads step records by their own names (series.SCALARS, series.DICTS, the
+    top-level keys of `compact`); the control plane publishes the record's schema in its OpenAPI
+    document (StepPage.steps: StepRecord), so a figure renamed in the core fails here instead of
+    leaving a chart empty."""
+    from backend.app import create_app
+    from backend.settings import Settings
+
+    doc = create_app(Settings(start_default_run=False)).openapi()
+    schemas = doc["components"]["schemas"]
+    record = schemas["StepRecord"]["properties"]
+
+    def section(name: str) -> dict:
+        ref = next(s["$ref"] for s in record[name]["anyOf"] if "$ref" in s)
+        return schemas[ref.rsplit("/", 1)[-1]]["properties"]
+
+    top = ("step", "time", "loss", "eval_loss", "lr", "tokens", "step_seconds", "policy_version")
+    assert set(top) <= set(record)
+    for sec, key in (*series.SCALARS, *series.DICTS):
+        assert key in section(sec), f"{sec}.{key} is not in the published StepRecord"

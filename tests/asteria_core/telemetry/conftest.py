@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from asteria_core.policy import Policy
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.core import Telemetry
 from asteria_core.train.trainer import Trainer
@@ -36,13 +37,17 @@ def value(fams: dict, name: str, suffix: str = "", **labels) -> float:
 
 @pytest.fixture
 def telemetry_run(tmp_path):
-    """Build a tiny trainer with a Telemetry from `TelemetryConfig(**telemetry)`."""
+    """Build a tiny trainer with a Telemetry from `TelemetryConfig(**telemetry)` (AdamW unless
+    `optimizer` names another, under `policy`)."""
     built = []
 
-    def build(*, nvml_lib=None, telemetry: dict | None = None, **train):
+    def build(*, nvml_lib=None, telemetry: dict | None = None, optimizer: str = "adamw",
+              policy: Policy | None = None, **train):
         config = tiny_config(tmp_path, **train)
         tele_config = TelemetryConfig(**{"energy_poll_seconds": 0.0, **(telemetry or {})})
-        config = dataclasses.replace(config, telemetry=tele_config)
+        config = dataclasses.replace(config, telemetry=tele_config,
+                                     optim=dataclasses.replace(config.optim, name=optimizer),
+                                     policy=policy or config.policy)
         trainer = Trainer(config, reporter=Telemetry(tele_config, nvml_lib=nvml_lib))
         trainer.records = []  # every completed step record, in order
         trainer.runtime.add_listener(trainer.records.append)

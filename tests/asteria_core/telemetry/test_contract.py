@@ -1,4 +1,5 @@
-"""The exposition after a short real run holds the contract of docs/metrics.md, and no more."""
+"""The exposition after a short real run holds the contract of docs/metrics.md, and no more;
+its runtime figures are the step records' (one channel)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import sys
 from pathlib import Path
 
 import asteria_core
-from asteria_core.telemetry.reporter import IDLE_CAUSES, TIERS
-from asteria_core.telemetry.timing import PHASES
+from asteria_core.policy import Policy
+from asteria_core.telemetry.labels import IDLE_CAUSES, PHASES
 from tests.asteria_core.telemetry.conftest import families, samples, value
 from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml
 
@@ -31,38 +32,25 @@ def family_name(exposed: str, kind: str) -> str:
     return exposed.removesuffix("_total") if kind == "counter" else exposed
 
 
-def report_like_the_runtime(trainer):
-    """A boundary hook reporting what refresh, tiers and policy will report, through the
-    trainer's reporter (the real Telemetry)."""
-    reporter = trainer.runtime.reporter
-
-    def hook(step: int) -> None:
-        with reporter.wait("refresh_wait"):
-            pass
-        reporter.set_staleness([0, step % 3, 1])
-        reporter.refresh_done(0.01)
-        if step == 2:
-            reporter.refresh_done(0.02, ok=False)
-            reporter.inline_fallback()
-        reporter.set_refresh_queue(2, busy_ratio=0.5)
-        reporter.set_refresh_policy(3, 0.8)
-        for tier in TIERS:
-            reporter.set_tier_bytes(tier, 1000 * step, 10_000)
-        reporter.add_transfer("host", "device", 4096)
-        reporter.set_prefetch_hit_ratio(0.75)
-        reporter.set_policy_version(1)
-
-    trainer.runtime.at_boundary(hook)
+def tiered_soap(telemetry_run, **kwargs):
+    """SOAP with one worker and everything but the working set on disk: every section of the
+    record (refresh, tiers with transfers) is filled."""
+    policy = Policy(refresh_interval=2, staleness_bound=2, workers=1)
+    probe = telemetry_run(steps=1, optimizer="soap", policy=policy,
+                          telemetry={"nvml": False, "rapl": False})
+    working_set = probe.runtime.tiers.plan.slot_bytes
+    disk = Policy(refresh_interval=2, staleness_bound=2, workers=1, offload_mode="disk",
+                  device_budget_bytes=working_set)
+    return telemetry_run(optimizer="soap", policy=disk, **kwargs)
 
 
 def test_exposition_after_a_real_run_holds_every_contract_metric_with_type_and_labels(
         telemetry_run, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    trainer = telemetry_run(steps=6, eval_interval=3,
-                            nvml_lib=FakeNvml([FakeGpu()]),  # GPU-only series (memory, nvml)
-                            telemetry={"model_cpu_watts": 20.0, "target_loss": 100.0,
-                                       "rapl": False})
-    report_like_the_runtime(trainer)
+    trainer = tiered_soap(telemetry_run, steps=6, eval_interval=3,
+                          nvml_lib=FakeNvml([FakeGpu()]),  # GPU-only series (memory, nvml)
+                          telemetry={"model_cpu_watts": 20.0, "target_loss": 100.0,
+                                     "rapl": False})
     trainer.train(progress=False)
     fams = families(trainer.telemetry)
 
@@ -82,21 +70,41 @@ def test_exposition_after_a_real_run_holds_every_contract_metric_with_type_and_l
     exported = {n for n in fams if n.startswith("asteria_") and not n.endswith("_created")}
     assert exported <= documented, f"undocumented metrics: {exported - documented}"
 
-    assert value(fams, "asteria_steps", "_total") == 6
     assert value(fams, "asteria_tokens", "_total") == 6 * 4 * 32
     assert value(fams, "asteria_step_seconds", "_count") == 6
     assert {s.labels["phase"] for s in samples(fams["asteria_step_phase_seconds"], "_total")} \
         == set(PHASES)
     assert {s.labels["cause"] for s in samples(fams["asteria_device_idle_seconds"], "_total")} \
         == set(IDLE_CAUSES)
-    assert value(fams, "asteria_refresh_failures", "_total") == 1
-    assert value(fams, "asteria_refresh_seconds", "_count") == 7
-    assert value(fams, "asteria_tier_transfer_bytes", "_total", src="host", dst="device") \
-        == 6 * 4096
-    assert value(fams, "asteria_preconditioner_staleness_steps", "_count") == 18
-    assert value(fams, "asteria_run_info", run_id=trainer.run_id, optimizer="adamw",
-                 mode="native") == 1
-    assert value(fams, "asteria_eval_loss") == trainer.records[-1].eval_loss
+    # One channel: the runtime's gauges and counters are the newest record's figures.
+    last = trainer.records[-1]
+    assert value(fams, "asteria_eval_loss") == last.eval_loss
+    assert value(fams, "asteria_train_loss") == last.loss
+    assert value(fams, "asteria_policy_version") == last.policy_version
+    assert value(fams, "asteria_refresh_failures", "_total") == last.refresh.failures
+    assert value(fams, "asteria_refresh_inline_fallbacks", "_total") == \
+        last.refresh.inline_fallbacks
+    assert value(fams, "asteria_preconditioner_staleness_max_steps") == \
+        last.refresh.staleness_max
+    assert value(fams, "asteria_policy_staleness_bound_steps") == last.refresh.staleness_bound
+    assert value(fams, "asteria_refresh_queue_depth") == last.refresh.queue_depth
+    for tier, used in last.tiers.bytes.items():
+        assert value(fams, "asteria_tier_bytes", tier=tier) == used
+        assert value(fams, "asteria_tier_capacity_bytes", tier=tier) == \
+            last.tiers.capacity_bytes[tier]
+    moved = last.tiers.transfer_bytes
+    assert moved["disk"]["host"] > 0 and moved["host"]["disk"] > 0
+    for src, by_dst in moved.items():
+        for dst, nbytes in by_dst.items():
+            assert value(fams, "asteria_tier_transfer_bytes", "_total", src=src, dst=dst) == \
+                nbytes
+    assert value(fams, "asteria_tier_prefetch_hit_ratio") == last.tiers.prefetch_hit_ratio
+    assert value(fams, "asteria_steps", "_total") == 6
+    blocks = len(trainer.runtime.refresh.blocks)
+    assert value(fams, "asteria_preconditioner_staleness_steps", "_count") == 6 * blocks
+    assert value(fams, "asteria_refresh_seconds", "_count") == trainer.runtime.refresh.refreshes
+    assert value(fams, "asteria_run_info", run_id=trainer.run_id, optimizer="soap",
+                 mode="async-deterministic") == 1
 
 
 def test_each_telemetry_has_its_own_registry(telemetry_run):

@@ -116,3 +116,26 @@ def test_policy_section_is_validated_like_the_rest(tmp_path):
         resolve_config(str(path), ["--policy.swap_delay", "soon"])
     with pytest.raises(ConfigError, match="unknown config key 'policy.bound'"):
         resolve_config(None, ["--policy.bound", "5"])
+
+
+def test_the_model_bound_leaves_out_moments_a_disk_tier_may_hold():
+    """A model whose weights, gradients and two fp32 moments pass this machine's memory but
+    whose weights and gradients fit is refused all in memory, and accepted for a second-order
+    optimizer with a disk tier, whose in-memory share the trainer checks from the tier plan
+    (issue 24: the 1B headline needed a cap above its moments). AdamW keeps its moments."""
+    from asteria_core.machine import MACHINE
+    from asteria_core.train.config import ModelConfig, parameters
+
+    width = 2048
+    per_layer = parameters(ModelConfig(n_layer=2, n_embd=width, n_head=16)) - \
+        parameters(ModelConfig(n_layer=1, n_embd=width, n_head=16))
+    layers = int(MACHINE.memory_bytes / (12 * per_layer)) + 1  # ~12 bytes per parameter
+    model = ["--model.n_layer", str(layers), "--model.n_embd", str(width),
+             "--model.n_head", "16", "--model.block_size", "32", "--data.batch_size", "1"]
+    disk = ["--policy.offload_mode", "disk"]
+    with pytest.raises(ConfigError, match="weights, gradients and moments of"):
+        resolve_config(None, [*model, "--optim.name", "soap"])
+    with pytest.raises(ConfigError, match="weights, gradients and moments of"):
+        resolve_config(None, [*model, "--optim.name", "adamw", *disk])
+    config = resolve_config(None, [*model, "--optim.name", "soap", *disk])
+    assert config.model.n_layer == layers

@@ -1,0 +1,100 @@
+"""Attach a runtime to a data-parallel job: the distributed package's own step.
+
+`data_parallel` decides whether this process is one rank of a job (torch.distributed
+initialized with more than one rank). If so, the runtime takes rank 0's run id first
+(`shared_run_id`: the run's folder and telemetry are named by it), then `attach` builds what the
+rank adds, in the same order on every rank (each builds process groups): the policy sync, and
+either the version exchange (replicated parameters: each block has an owner rank, whose bases
+travel) or, under FSDP2, the figures of the shards this rank preconditions itself (no basis
+travels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from asteria_core.distributed.exchange import VersionExchange
+from asteria_core.distributed.policy_sync import PolicySync
+from asteria_core.distributed.topology import Topology, assign_owners
+from asteria_core.optim.base import BlockPreconditioner, local_shard
+from asteria_core.policy import LivePolicy, Policy, PolicyError, SwapMode
+from asteria_core.telemetry.records import DistributedFigures
+from asteria_core.telemetry.reporter import Reporter
+
+
+@dataclass
+class DataParallel:
+    """What one rank adds to its runtime."""
+
+    world: int
+    policy_sync: PolicySync
+    exchange: VersionExchange | None
+    """The version exchange of a replicated second-order optimizer (None: AdamW, or FSDP2)."""
+    shards: DistributedFigures | None
+    """FSDP2: this rank's figures (it refreshes its own shards' blocks, and sends nothing)."""
+
+    def figures(self) -> DistributedFigures | None:
+        """The record's `distributed` section at a boundary."""
+        return self.exchange.figures() if self.exchange is not None else self.shards
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
+        self.policy_sync.close()
+
+
+def data_parallel(distributed: bool | None) -> bool:
+    """Whether this process is one rank of a data-parallel job (`distributed`: True demands
+    it, False refuses it, None decides by torch.distributed)."""
+    running = dist.is_available() and dist.is_initialized()
+    if distributed and not running:
+        raise ValueError("distributed: got True, but torch.distributed is not initialized; "
+                         "launch with torchrun and call init_process_group first")
+    return distributed is not False and running and dist.get_world_size() > 1
+
+
+def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy,
+           reporter: Reporter) -> DataParallel:
+    """This rank's part of the job (call on every rank, in the same order: it makes groups).
+    A replicated second-order optimizer keeps factors only for the blocks this rank owns."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    sharded = any(local_shard(p) is not p for p in params)
+    shards = _shard_figures(optimizer) if sharded else None
+    policy_sync = PolicySync(policy, dist.get_rank(), reporter)
+    exchange = None
+    if isinstance(optimizer, BlockPreconditioner) and not sharded:
+        exchange = _exchange_for(optimizer, policy)
+        optimizer.keeps_factor = exchange.owns  # only owners keep factors
+    return DataParallel(dist.get_world_size(), policy_sync, exchange, shards)
+
+
+def _shard_figures(optimizer: torch.optim.Optimizer) -> DistributedFigures:
+    """FSDP2: this rank refreshes the blocks of its own shards and sends no basis."""
+    topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
+    blocks = len(optimizer.refresh_blocks()) if isinstance(optimizer, BlockPreconditioner) else 0
+    return DistributedFigures(rank=topology.rank, world=topology.world, node=topology.node,
+                              owned_blocks=blocks, bytes_sent=0, bytes_received=0)
+
+
+def shared_run_id(run_id: str) -> str:
+    """Rank 0's run id on every rank: one run, whatever each rank made up alone."""
+    shared = [run_id]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def _exchange_for(optimizer: BlockPreconditioner, policy: LivePolicy) -> VersionExchange:
+    """This rank's version exchange: owners from the blocks and torchrun's topology."""
+    _deterministic(policy.current)
+    policy.add_validator(_deterministic)
+    topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
+    return VersionExchange(topology, assign_owners(optimizer.refresh_blocks(), topology))
+
+
+def _deterministic(policy: Policy) -> None:
+    if policy.swap_mode != SwapMode.DETERMINISTIC:
+        raise PolicyError("swap_mode", f"got {policy.swap_mode!r}; allowed: deterministic in a "
+                          "data-parallel run (every rank swaps a new basis at one step)")

@@ -1,0 +1,90 @@
+"""The optimizers by name: one registry the runtime's factory, the trainer's config and the
+data-parallel checks all read, so adding an optimizer is one entry here.
+
+Each entry says what the optimizer is (first or second order), which second-order options its
+constructor takes, and how to build it from the arguments every optimizer shares (lr, betas,
+eps, the refresh interval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from asteria_core.optim.kl_shampoo import KLShampoo
+from asteria_core.optim.shampoo import Shampoo
+from asteria_core.optim.soap import SOAP
+
+
+class OptimizerName(StrEnum):
+    ADAMW = "adamw"  # the first-order baseline (torch's)
+    SOAP = "soap"
+    SHAMPOO = "shampoo"
+    KL_SHAMPOO = "kl_shampoo"
+
+
+SHAPE_OPTIONS = ("max_precond_dim", "block_size")
+"""How a second-order optimizer cuts a parameter into preconditioner blocks."""
+BASIS_OPTIONS = ("shampoo_beta", "refresh", "moment_swap")
+"""How an eigenbasis optimizer (SOAP, KL-Shampoo) keeps and refreshes its basis."""
+SECOND_ORDER_OPTIONS = (*SHAPE_OPTIONS, *BASIS_OPTIONS, "refresh_dtype", "normalize_grads")
+"""Every option some second-order constructor takes (none of them is AdamW's)."""
+
+Build = Callable[..., torch.optim.Optimizer]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerSpec:
+    name: OptimizerName
+    second_order: bool
+    """Preconditioner blocks refreshed by the runtime (a BlockPreconditioner)."""
+    config_options: tuple[str, ...]
+    """The second-order options the trainer's `optim` section sets for it."""
+    build: Build
+    """(params, lr=, betas=, eps=, refresh_interval=, **options) -> the torch optimizer."""
+
+
+def _adamw(params: list, *, lr: float, betas: tuple[float, float], eps: float,
+           refresh_interval: int, **options: Any) -> torch.optim.Optimizer:
+    unknown = sorted(set(options) & set(SECOND_ORDER_OPTIONS))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not an AdamW option; allowed with adamw: "
+                         "lr, betas, eps, weight_decay")
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, **options)
+
+
+def _shampoo(params: list, *, lr: float, betas: tuple[float, float], eps: float,
+             refresh_interval: int, **options: Any) -> torch.optim.Optimizer:
+    # betas[0] is Shampoo's momentum; betas[1] and eps are its grafting AdamW's.
+    return Shampoo(params, lr=lr, betas=(betas[0], 1.0), grafting_beta2=betas[1],
+                   grafting_eps=eps, precondition_frequency=refresh_interval, **options)
+
+
+def _eigenbasis(cls: type[torch.optim.Optimizer]) -> Build:
+    def build(params: list, *, lr: float, betas: tuple[float, float], eps: float,
+              refresh_interval: int, **options: Any) -> torch.optim.Optimizer:
+        return cls(params, lr=lr, betas=betas, eps=eps,
+                   precondition_frequency=refresh_interval, **options)
+    return build
+
+
+REGISTRY: dict[OptimizerName, OptimizerSpec] = {spec.name: spec for spec in (
+    OptimizerSpec(OptimizerName.ADAMW, False, (), _adamw),
+    OptimizerSpec(OptimizerName.SOAP, True, SHAPE_OPTIONS + BASIS_OPTIONS, _eigenbasis(SOAP)),
+    OptimizerSpec(OptimizerName.SHAMPOO, True, SHAPE_OPTIONS, _shampoo),
+    OptimizerSpec(OptimizerName.KL_SHAMPOO, True, SHAPE_OPTIONS + BASIS_OPTIONS,
+                  _eigenbasis(KLShampoo)),
+)}
+OPTIMIZERS = tuple(name.value for name in OptimizerName)
+"""The optimizers the runtime knows by name (plain strings: argparse choices, say)."""
+
+
+def spec_of(name: str) -> OptimizerSpec:
+    """The registry's entry for `name`; a ValueError naming the allowed ones otherwise."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer: got {name!r}; allowed: {' | '.join(OPTIMIZERS)}")
+    return REGISTRY[OptimizerName(name)]

@@ -1,0 +1,57 @@
+"""Every bounded label value the telemetry knows, in one module that imports nothing: the phases
+of a step, the causes of idle time, the state tiers and the energy sources. The tuples hold the
+plain values (what records, JSON and Prometheus labels carry); code compares with the members.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where a step's time goes on the training thread."""
+
+    DATA = "data"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    BOUNDARY = "boundary"  # the runtime's step boundary: swaps, snapshots, policy, records
+
+
+class IdleCause(StrEnum):
+    """Why the training thread waited. A part reports the first four (WAIT_CAUSES); OTHER, the
+    unexplained rest of a step, is derived, never reported."""
+
+    REFRESH_WAIT = "refresh_wait"
+    TRANSFER_WAIT = "transfer_wait"
+    SYNC_WAIT = "sync_wait"
+    DATA_WAIT = "data_wait"
+    OTHER = "other"
+
+
+class Tier(StrEnum):
+    """Where a piece of optimizer state lives."""
+
+    DEVICE = "device"
+    HOST = "host"
+    DISK = "disk"
+
+
+class EnergySource(StrEnum):
+    NVML = "nvml"  # measured: the GPU's own counter
+    RAPL = "rapl"  # measured: the CPU package's counter
+    MODEL = "model"  # an estimate: CPU seconds x watts
+
+
+PHASES = tuple(p.value for p in Phase)
+IDLE_CAUSES = tuple(c.value for c in IdleCause)
+WAIT_CAUSES = tuple(c.value for c in IdleCause if c != IdleCause.OTHER)
+"""Causes a part may report."""
+TIERS = tuple(t.value for t in Tier)
+SOURCES = tuple(s.value for s in EnergySource)
+
+
+def check_label(kind: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Labels are bounded: a value outside its set is a programming error."""
+    if value not in allowed:
+        raise ValueError(f"{kind}: got {value!r}; allowed: {' | '.join(allowed)}")

@@ -1,0 +1,115 @@
+"""Choices are types, not strings (issue 25, item 4), checked on the source.
+
+Every choice, command and status is a `StrEnum` (the policy's swap mode, worker kind, offload
+mode and queue order; tiers, phases, idle causes, energy sources; refresh methods, moment swaps,
+optimizer names, devices; run statuses and commands). Outside the module that defines an enum,
+code compares with its members, never with the string: a renamed value then fails where it is
+defined, not silently where it is compared. The check parses every .py file of the product
+packages and reports each `==`, `!=`, `in`, `not in` or `case` against a string literal that is
+some enum's value, as `path:line`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("asteria", "asteria_core", "backend", "dashboard")
+NOT_CHOICES = {
+    ("asteria_core/machine.py", "memory"): "a cgroup controller's name in /proc/self/cgroup",
+    ("asteria_core/train/checkpoint.py", "cuda"): "the key of CUDA's RNG state in a checkpoint",
+    ("dashboard/charts.py", "step"): "a chart's x column (the step number)",
+}
+"""The same word in another vocabulary, with the reason."""
+
+
+def _files() -> list[Path]:
+    return sorted(p for package in PRODUCT for p in (ROOT / package).rglob("*.py"))
+
+
+def _enums(files: list[Path]) -> dict[str, set[str]]:
+    """Each StrEnum's values by the module (path) that defines it."""
+    found: dict[str, set[str]] = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(b, ast.Name) and b.id == "StrEnum" for b in node.bases):
+                values = {item.value.value for item in node.body
+                          if isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant)
+                          and isinstance(item.value.value, str)}
+                found.setdefault(str(path.relative_to(ROOT)), set()).update(values)
+    return found
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for e in node.elts for s in _strings(e)]
+    return []
+
+
+def _torch_device_type(node: ast.AST) -> bool:
+    """`x.type`: a torch device's type ("cpu", "cuda"), torch's vocabulary."""
+    return isinstance(node, ast.Attribute) and node.attr == "type"
+
+
+def _compared(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, string) of every string literal a comparison or a case pattern tests against."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and all(
+                isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
+            operands = [node.left, *node.comparators]
+            if any(_torch_device_type(o) for o in operands):
+                continue
+            out += [(node.lineno, s) for o in operands for s in _strings(o)]
+        elif isinstance(node, ast.MatchValue):
+            out += [(node.lineno, s) for s in _strings(node.value)]
+    return out
+
+
+def violations(files: list[Path]) -> list[str]:
+    enums = _enums(files)
+    every = {v for values in enums.values() for v in values}
+    found = []
+    for path in files:
+        rel = str(path.relative_to(ROOT))
+        own = enums.get(rel, set())
+        for line, value in _compared(ast.parse(path.read_text())):
+            if value in every and value not in own and (rel, value) not in NOT_CHOICES:
+                found.append(f"{rel}:{line} compares with {value!r}")
+    return found
+
+
+def test_no_choice_is_compared_as_a_string_outside_its_enum():
+    found = violations(_files())
+    assert not found, "compare with the enum's member instead:\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_choice_compared_as_a_string(tmp_path, monkeypatch):
+    """The check itself: a string comparison against a choice is found, its enum's own module
+    and a member comparison are not."""
+    package = tmp_path / "asteria_core"
+    package.mkdir()
+    (package / "modes.py").write_text(
+        "from enum import StrEnum\n\n\nclass Mode(StrEnum):\n    FAST = 'fast'\n\n\n"
+        "def own(m):\n    return m == 'fast'\n")
+    (package / "user.py").write_text(
+        "from asteria_core.modes import Mode\n\n\ndef good(m):\n    return m == Mode.FAST\n\n\n"
+        "def bad(m):\n    match m:\n        case 'fast':\n            return 1\n"
+        "    return m in ('slow', 'fast') or device.type == 'fast'\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert violations(sorted(package.glob("*.py"))) == [
+        "asteria_core/user.py:10 compares with 'fast'",
+        "asteria_core/user.py:12 compares with 'fast'"]
+
+
+def test_every_policy_choice_is_an_enums_values():
+    """The policy's choice fields list exactly their enums' values (no second list to drift)."""
+    from asteria_core.policy import OffloadMode, Priority, SwapMode, WorkerKind, policy_fields
+
+    choices = {f.name: f.choices for f in policy_fields() if f.choices}
+    assert choices == {"swap_mode": tuple(SwapMode), "worker_kind": tuple(WorkerKind),
+                       "priority": tuple(Priority), "offload_mode": tuple(OffloadMode)}
