@@ -43,4 +43,3 @@ def put(record: StepRecord, figures: dict[str, Any], *, keep_tensors: bool = Fal
         for name in RECORD_FIELDS:
             setattr(record, name, _scalar(getattr(record, name)))
         record.extra = {k: _scalar(v) for k, v in record.extra.items()}
-

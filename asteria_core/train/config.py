@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from asteria_core.machine import MACHINE
-from asteria_core.optim.registry import OPTIMIZERS, OptimizerName
+from asteria_core.optim.registry import OPTIMIZERS, spec_of
 from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap
 from asteria_core.policy import OffloadMode, Policy
 from asteria_core.telemetry.config import TelemetryConfig
@@ -260,7 +260,7 @@ class RunConfig:
         # A second-order optimizer's state has a home tier: with a disk tier its moments may
         # all live on disk, and the trainer checks what the tier plan keeps in memory
         # (Trainer._check_memory). AdamW's moments stay in memory.
-        tiered = self.optim.name != OptimizerName.ADAMW and \
+        tiered = spec_of(self.optim.name).second_order and \
             self.policy.offload_mode in (OffloadMode.DISK, OffloadMode.AUTO)
         need = minimum_bytes(self.model, self.data.batch_size, moments=not tiered)
         if need > MACHINE.memory_bytes:
