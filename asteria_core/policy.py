@@ -15,6 +15,7 @@ control plane, which builds its request schema (and so the dashboard's form) fro
 from __future__ import annotations
 
 import dataclasses
+import math
 import reprlib
 import threading
 import time
@@ -166,9 +167,18 @@ class Policy:
         "S: the most steps a basis in use may lag the statistics it was computed from.")
     swap_delay: int | str = _auto_or_int(
         AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
-        "d <= S: in deterministic mode a basis from step-t statistics is swapped in at t + d. "
+        "d <= S: in deterministic mode a basis from step-t statistics is swapped in by t + d "
+        "(at t + d - swap window + 1 .. t + d, see swap_window). "
         '"auto" follows the staleness bound (d = S, read at each boundary), which gives pacing '
         "the most steps to spread a round over.")
+    swap_window: int | str = _auto_or_int(
+        AUTO, 1, MAX_STEPS, 'Swap window (steps, at most d; "auto" = d / 2)',
+        "Deterministic mode: a round's swaps are spread over the last min(this, d) boundaries "
+        "up to t + d, about an equal share of the swap work at each (in queue order, the "
+        "blocks handed to the workers first are swapped first), so no single step rotates "
+        "every block's moments. 1 swaps the whole round at t + d, as the optimizer's own "
+        'delayed mode does. "auto" = ceil(d / 2): pacing hands the round to the workers over '
+        "the first d - window + 1 boundaries, the swaps take the rest.")
     swap_mode: str = _choice(
         SwapMode.DETERMINISTIC, "Swap mode",
         "deterministic (swap at t + d) | opportunistic (swap as soon as ready, wait only at the "
@@ -198,10 +208,10 @@ class Policy:
         "stale_then_cost (most stale, then most expensive) | fifo.")
     pace: bool = _bool(
         True, "Pace refreshes",
-        "Spread each refresh round's jobs over the steps before its swap (min(d, S, refresh "
-        "interval) steps, by cost), so the workers load every step evenly instead of a burst at "
-        "each refresh point. Timing only: the results and the steps they are swapped in at do "
-        "not change.")
+        "Spread each refresh round's jobs over the steps before its first swap (min(d - swap "
+        "window + 1, S, refresh interval) steps, by cost), so the workers load every step "
+        "evenly instead of a burst at each refresh point. Timing only: the results and the "
+        "steps they are swapped in at do not change.")
     failure_limit: int = _int(
         3, 1, MAX_STEPS, "Failure limit",
         "Consecutive failed refreshes of one block before the run stops with a checkpoint.")
@@ -235,6 +245,13 @@ class Policy:
     def delay(self) -> int:
         """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
         return self.staleness_bound if self.swap_delay == AUTO else self.swap_delay
+
+    @property
+    def spread(self) -> int:
+        """Boundaries a deterministic round's swaps take: `swap_window` (ceil(d / 2) when
+        "auto"), at most d, at least 1."""
+        window = math.ceil(self.delay / 2) if self.swap_window == AUTO else self.swap_window
+        return max(1, min(window, self.delay))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

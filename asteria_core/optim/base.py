@@ -243,9 +243,11 @@ class BlockPreconditioner(torch.optim.Optimizer):
     # ---- the seam API ---------------------------------------------------------------------
     def refresh_blocks(self) -> list[BlockInfo]:
         """Every refresh block of every parameter, in a fixed order (known before step 1)."""
-        return [BlockInfo(BlockKey(index, dim, c), size, float(size) ** 3)
+        return [BlockInfo(BlockKey(index, dim, c), size, float(size) ** 3,
+                          layout.numel / layout.shape[dim] * size * size)
                 for index, p, group in self._indexed_params() if local_shard(p).numel()
-                for dim, c, size in self._layout(index, p, group).blocks()]
+                for layout in [self._layout(index, p, group)]
+                for dim, c, size in layout.blocks()]
 
     def due_blocks(self) -> tuple[BlockKey, ...]:
         """Blocks whose refresh fell due at the last step (same in native and external mode)."""

@@ -70,6 +70,9 @@ class BlockInfo:
     """b: the factor block is (b, b)."""
     cost: float
     """Refresh cost estimate, b**3 (eigh, QR and inverse roots are all cubic)."""
+    swap_cost: float = 0.0
+    """Swap cost estimate on the training thread: the parameter's elements times b (a moment
+    rotated along the block's dim); 0 when unknown (the refresh cost stands in)."""
 
 
 @dataclass(frozen=True, slots=True)

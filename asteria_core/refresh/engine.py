@@ -2,15 +2,20 @@
 
 At each step boundary (after the optimizer update of step t) the engine
 1. swaps in every result whose swap step has come: in deterministic mode a result made from
-   the statistics of step s is swapped in at exactly the boundary of s + d (waiting if late); in
-   opportunistic mode as soon as it is ready. Either way it waits when the next step would
-   otherwise use a basis more than S steps behind a refresh that fell due (the bound);
+   the statistics of step s is swapped in at a boundary fixed when it fell due, one of the
+   V = swap window boundaries s + d - V + 1 .. s + d (waiting if late): a round's blocks are
+   shared out over them, an equal share of the swap work (the moments' rotation, on the
+   training thread) at each, so no one step carries the whole round's; V = 1 swaps every block
+   at s + d. In opportunistic mode a result is swapped as soon as it is ready. Either way it
+   waits when the next step would otherwise use a basis more than S steps behind a refresh
+   that fell due (the bound);
 2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
    stale first, then most expensive (d = 0 swaps them at this same boundary). A snapshot copies
    nothing (the optimizer lends its tensors and writes new ones from then on); on CUDA it is
    copied to pinned host memory on a side stream that the workers wait for (refresh/host.py).
    With `pace` on, a round's jobs are released to the workers over the next
-   W = min(d, S, refresh interval) boundaries, an equal share of the round's cost at each, so
+   W = min(d - V + 1, S, refresh interval) boundaries, an equal share of the round's cost at
+   each (so every job goes out before the round's first swap), so
    every step carries the same background load instead of one step taking the whole burst; a job
    still held when its swap comes is released at once. Pacing moves work in time only: results
    and swap steps are the same;
@@ -23,8 +28,9 @@ Workers slower than the refresh interval (wide factors) make the step wait at th
 ceil(d / interval) refreshes in flight (each is swapped at s + d); in opportunistic mode a
 block that falls due while its previous refresh still waits for a worker replaces it (fresher
 statistics, the older one's deadline), so no block waits for a worker twice.
-With `workers = 0` refreshes run inline at the boundary, which is the native reference: with
-the same d it equals the optimizer's own delayed mode bit for bit.
+With `workers = 0` refreshes run inline at the boundary and wait for the same swap steps, so
+inline and worker runs train the same numbers; with the same d and V = 1 that is the
+optimizer's own delayed mode, bit for bit.
 
 Faults: a refresh that raises or returns non-finite values keeps the previous basis and is
 counted; `failure_limit` consecutive failures of one block stop the run with `RefreshFailed`.
@@ -118,6 +124,9 @@ class Outstanding:
     one's. Staleness and the bound count from it."""
     staged: bool = False
     """Its result was taken from the job and staged where the block's state lives (`_stage`)."""
+    early: int = 0
+    """Deterministic mode: how many boundaries before stats_step + d it is swapped (its place
+    in the round's swap window)."""
 
     def __post_init__(self) -> None:
         if self.since < 0:
@@ -203,18 +212,20 @@ class RefreshEngine:
         self._swap_due(t, policy)
         self._stage_finished()
         due = self.opt.due_blocks()
+        early = self._spread_swaps(due, policy)
         mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
         if self._pool is None:  # inline: one snapshot at a time (a disk-homed one is a copy)
-            started = [self._start(self.opt.snapshot(key, lend=True), t, policy, None)
+            started = [self._start(self.opt.snapshot(key, lend=True), t, policy, None, early)
                        for key in mine]
         else:
             snapshots = [self.opt.snapshot(key, lend=True) for key in mine]
             ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
             if self._host is not None and snapshots:
                 snapshots, ready = self._host(snapshots)
-            started = [self._start(snapshot, t, policy, ready) for snapshot in snapshots]
+            started = [self._start(snapshot, t, policy, ready, early)
+                       for snapshot in snapshots]
         if self.exchange is not None:
-            self._exchange(due, {item.key: item for item in started}, t)
+            self._exchange(due, {item.key: item for item in started}, t, early)
         self._pace([item for item in started if item.job is not None], t, policy)
         self._release(t)
         self._swap_due(t, policy)  # d = 0: this boundary's own refreshes
@@ -251,19 +262,45 @@ class RefreshEngine:
             old.retire()  # it stops once its running jobs are done: a change can be undone
             self._retired.append(old)
 
-    def _start(self, snapshot, t: int, policy: Policy, ready) -> Outstanding:
+    def _tie(self, key: BlockKey, policy: Policy) -> float:
+        """Queue order among blocks equally stale: stale_then_cost, most expensive first;
+        fifo, as due."""
+        return -self.blocks[key].cost if policy.priority == Priority.STALE_THEN_COST else \
+            self._position[key]
+
+    def _spread_swaps(self, due, policy: Policy) -> dict[BlockKey, int]:
+        """Deterministic mode: each due block's place in the round's swap window, as how many
+        boundaries before s + d it is swapped. In queue order (the order pacing hands the
+        jobs out), each block goes to the boundary with the least swap work so far, the
+        earliest on a tie. The same on every rank and with or without workers: it depends on
+        the blocks and the policy only."""
+        spread = policy.spread
+        if policy.swap_mode != SwapMode.DETERMINISTIC or spread <= 1 or not due:
+            return {}
+        load = [0.0] * spread
+        early = {}
+        for key in sorted(due, key=lambda key: self._tie(key, policy)):
+            slot = load.index(min(load))
+            info = self.blocks[key]
+            load[slot] += info.swap_cost or info.cost
+            early[key] = spread - 1 - slot
+        return early
+
+    def _swap_step(self, item: Outstanding, policy: Policy) -> int:
+        """The boundary at which a deterministic refresh is swapped (d read as it is now)."""
+        return item.stats_step + max(policy.delay - item.early, 0)
+
+    def _start(self, snapshot, t: int, policy: Policy, ready,
+               early: dict[BlockKey, int]) -> Outstanding:
         key = snapshot.key
-        item = Outstanding(key, t, None)
+        item = Outstanding(key, t, None, early=early.get(key, 0))
         if self._pool is not None and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             self._coalesce(item)
-        # stale_then_cost: oldest statistics first, then most expensive; fifo: as due.
-        tie = -self.blocks[key].cost if policy.priority == Priority.STALE_THEN_COST else \
-            self._position[key]
-        job = Job(snapshot, self.opt.refresh_config(key), priority=(item.since, tie),
-                  ready=ready)
+        job = Job(snapshot, self.opt.refresh_config(key),
+                  priority=(item.since, self._tie(key, policy)), ready=ready)
         if self._pool is None:
             self._run_inline(item, job)
-            if policy.delay > 0:  # it waits d steps for its swap
+            if self._swap_step(item, policy) > t:  # it waits for its swap
                 self._stage(item)
         else:
             item.job = job
@@ -317,7 +354,8 @@ class RefreshEngine:
             del self._held[older]
         item.since = older.since
 
-    def _exchange(self, due, started: dict[BlockKey, Outstanding], t: int) -> None:
+    def _exchange(self, due, started: dict[BlockKey, Outstanding], t: int,
+                  early: dict[BlockKey, int]) -> None:
         """Offer this rank's refreshes and expect the others', in `due` order on every rank."""
         for key in due:
             size = self.blocks[key].size
@@ -325,7 +363,8 @@ class RefreshEngine:
             if item is not None:
                 self.exchange.offer(key, t, size, partial(self._outcome, item))
             else:
-                item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size))
+                item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size),
+                                   early=early.get(key, 0))
                 self.outstanding[key].append(item)
 
     def _outcome(self, item: Outstanding) -> Outcome | None:
@@ -349,10 +388,11 @@ class RefreshEngine:
 
     def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
         """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each:
-        in queue order (most expensive first), each job to the least loaded boundary."""
+        in queue order (most expensive first), each job to the least loaded boundary. In
+        deterministic mode W ends before the round's first swap (s + d - V + 1)."""
         window = min(policy.staleness_bound, policy.refresh_interval)
         if policy.swap_mode == SwapMode.DETERMINISTIC:
-            window = min(window, policy.delay)
+            window = min(window, policy.delay - policy.spread + 1)
         load = [0.0] * (max(window, 1) if policy.pace else 1)
         for item in sorted(items, key=lambda item: item.job.priority):
             slot = load.index(min(load))
@@ -390,7 +430,7 @@ class RefreshEngine:
         for queue_ in self.outstanding.values():
             while queue_:
                 item = queue_[0]
-                must = t >= item.stats_step + policy.delay
+                must = t >= self._swap_step(item, policy)
                 if policy.swap_mode == SwapMode.OPPORTUNISTIC:
                     ready = item.job is None or item.job.done.is_set()
                     must = t >= item.since + policy.staleness_bound
@@ -559,7 +599,7 @@ class RefreshEngine:
                     self._run_inline(item, job)
                 self._finish(item, policy)
                 self._stage(item)  # the optimizer holds it until its swap (and checkpoints it)
-                at = item.stats_step + policy.delay
+                at = self._swap_step(item, policy)
                 if item.result is not None and item.error is None:
                     self.opt.schedule_refresh(max(at, self.opt.num_steps + 1), item.result)
 

@@ -118,6 +118,9 @@ class Prediction:
     """The fewest workers that keep duty <= headroom and a round within its window; None when
     no count can (a block alone outlasts d steps)."""
     why_none: str = ""
+    spread: int = 1
+    """V: the boundaries a round's swaps are spread over (policy.spread); the first is
+    d - V + 1 steps after the snapshot, and the most expensive block is swapped there."""
 
     @property
     def round_work_s(self) -> float:
@@ -130,8 +133,13 @@ class Prediction:
 
     @property
     def window_s(self) -> float:
-        """Training time between a round's snapshot and the swap it must be done by."""
-        return min(self.interval, self.delay) * self.step_seconds
+        """Training time between a round's snapshot and its first swap (that of its most
+        expensive block), which the round is held to."""
+        return self.window_steps * self.step_seconds
+
+    @property
+    def window_steps(self) -> int:
+        return min(self.interval, self.delay - self.spread + 1)
 
     @property
     def largest_block_s(self) -> float:
@@ -148,6 +156,7 @@ class Prediction:
     def to_dict(self, counts: Sequence[int] = ()) -> dict:
         return {"step_seconds": self.step_seconds, "refresh_interval": self.interval,
                 "staleness_bound": self.bound, "swap_delay": self.delay,
+                "swap_window": self.spread,
                 "headroom": self.headroom, "round_work_s": self.round_work_s,
                 "interval_train_s": self.interval_train_s, "window_s": self.window_s,
                 "largest_block_s": self.largest_block_s, "estimated": self.estimated,
@@ -169,7 +178,7 @@ def check_inputs(step_seconds: float, interval: int, bound: int, headroom: float
 
 def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
             step_seconds: float, interval: int, bound: int, delay: int | None = None,
-            headroom: float = HEADROOM) -> Prediction:
+            spread: int = 1, headroom: float = HEADROOM) -> Prediction:
     """The refresh work and worker count of blocks of sides `sizes` at `step_seconds` a step
     (pure: `cost` maps a block side to one refresh's seconds, or is a `RefreshCost`)."""
     check_inputs(step_seconds, interval, bound, headroom)
@@ -177,7 +186,8 @@ def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
     delay = bound if delay is None else delay
     groups = tuple(SizeGroup(b, n, cost.seconds(b), cost.is_estimate(b))
                    for b, n in sorted(Counter(sizes).items(), reverse=True))
-    base = Prediction(step_seconds, interval, bound, delay, headroom, groups, None)
+    base = Prediction(step_seconds, interval, bound, delay, headroom, groups, None,
+                      spread=max(1, min(spread, delay)))
     workers, why = _workers(base, sizes, cost)
     return dataclasses.replace(base, workers=workers, why_none=why)
 
@@ -192,9 +202,9 @@ def _workers(p: Prediction, sizes: Sequence[int], cost: RefreshCost) -> tuple[in
     if p.largest_block_s > budget:
         return None, (f"one refresh of a {max(sizes)}-wide block takes {p.largest_block_s:.3g} s, "
                       f"more than {p.headroom:.0%} of the {p.window_s:.3g} s before its swap "
-                      f"(min(interval, d) = {min(p.interval, p.delay)} steps): the step waits "
-                      "whatever the workers; lower optim.precond_block_size"
-                      + _fitting_block(cost, budget) + ", or raise S")
+                      f"(min(interval, d - swap window + 1) = {p.window_steps} steps): the step "
+                      "waits whatever the workers; lower optim.precond_block_size"
+                      + _fitting_block(cost, budget) + ", lower policy.swap_window, or raise S")
     times = sorted((cost.seconds(b) for b in sizes), reverse=True)
     n = max(1, math.ceil(p.round_work_s / (p.headroom * p.interval_train_s)))
     while n < len(times) and _makespan(times, n) > budget:
@@ -301,7 +311,7 @@ def plan_run(config: RunConfig, *, step_seconds: float, headroom: float = HEADRO
                                     recalibrate=recalibrate, cap=cap)
     prediction = predict(shape.sizes, cost, step_seconds=step_seconds,
                          interval=policy.refresh_interval, bound=policy.staleness_bound,
-                         delay=policy.delay, headroom=headroom)
+                         delay=policy.delay, spread=policy.spread, headroom=headroom)
     return RunPlan(config, shape, prediction, mem, measured_now,
                    str(calibration or ""))
 
@@ -333,7 +343,7 @@ def predict_optimizer(opt: BlockPreconditioner, policy: Policy, *, step_seconds:
     cost, _ = shape_cost(shape, policy.worker_threads, calibration=calibration, cap=cap)
     return predict(shape.sizes, cost, step_seconds=step_seconds,
                    interval=policy.refresh_interval, bound=policy.staleness_bound,
-                   delay=policy.delay, headroom=headroom)
+                   delay=policy.delay, spread=policy.spread, headroom=headroom)
 
 
 def _bytes(n: int) -> str:
@@ -350,7 +360,8 @@ def render(run: RunPlan) -> str:
         f"asteria plan: {c.optim.name}, {c.model.n_layer} x {c.model.n_embd} "
         f"({run.shape.parameters / 1e6:.1f}M parameters), max_precond_dim "
         f"{c.optim.max_precond_dim}, precond_block_size {c.optim.precond_block_size}",
-        f"refresh every {p.interval} steps, S = {p.bound} (d = {p.delay}); "
+        f"refresh every {p.interval} steps, S = {p.bound} (d = {p.delay}, swaps over the last "
+        f"{p.spread} of them); "
         f"step {p.step_seconds:g} s (given): an interval is {p.interval_train_s:.3g} s of "
         "training",
         f"refresh cost: one worker with {c.policy.worker_threads} thread(s), measured on this "

@@ -18,8 +18,10 @@ def test_deferred_releases_go_out_when_deferral_ends_and_change_no_number():
 
     model, batches = _problem(7)
     opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=interval)
+    # swap_window 1: every swap at s + d, as in the optimizer's own delayed mode
     engine = PausableRefresh(opt, LivePolicy(Policy(refresh_interval=interval,
-                                                    staleness_bound=interval, workers=1)))
+                                                    staleness_bound=interval, swap_window=1,
+                                                    workers=1)))
     held_over = []
 
     def boundary(step):

@@ -34,8 +34,9 @@ def test_the_hf_row_trains_gpt2_through_the_integration_with_records_and_metrics
     assert all(math.isfinite(loss) for loss in row["loss"])
 
     # Refreshes on the worker under the bound: the first round (the bases of step 1) is
-    # swapped in at step 11; the next one (step 11) is swapped at 21, after the run.
-    assert row["blocks"] > 0 and row["refreshes"] == row["blocks"]
+    # swapped in over steps 7-11 (d = 10, swap window 5); the next one (step 11) over 17-21,
+    # so all of it but the blocks whose place is step 21 by the run's end (step 20).
+    assert row["blocks"] > 0 and row["blocks"] < row["refreshes"] < 2 * row["blocks"]
     assert row["refresh_failures"] == 0
     assert 0 < row["staleness_max"] <= row["staleness_bound"] == scale_hf.BOUND
     assert finite_positive(row["round_work_s"]) and finite_positive(row["refresh_duty"])

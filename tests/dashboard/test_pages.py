@@ -116,7 +116,7 @@ def test_policy_form_has_every_policy_field_by_type(dashboard_env, http, live_ru
     assert at.checkbox(key=key("pace")).value is True
     assert at.text_input(key=key("swap_delay")).placeholder == "auto or an integer"
     assert at.text_input(key=key("disk_dir")).max_chars == 4096
-    assert [e.label for e in at.expander] == ["Advanced (8 more fields)"]
+    assert [e.label for e in at.expander] == ["Advanced (9 more fields)"]
     widgets = [*at.number_input, *at.selectbox, *at.checkbox, *at.text_input]
     shown = {w.key.removeprefix("pf_").removesuffix(f"_{live_run}_{version}") for w in widgets
              if w.key and w.key.startswith("pf_")}

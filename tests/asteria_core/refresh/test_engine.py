@@ -215,14 +215,16 @@ def test_workers_resize_mid_run_without_losing_work_and_shutdown_joins_all():
 
 @pytest.mark.parametrize("delay", [4, "auto"])  # "auto" (the default) is d = S = 4
 def test_pacing_spreads_a_round_by_cost_and_changes_no_number(delay):
-    """With pace on, a round's jobs go to the workers over W = min(d, S, interval) boundaries,
-    about 1/W of the round's cost at each; the trained parameters are the same bit for bit."""
-    interval = window = 4
+    """With pace on, a round's jobs go to the workers over W = min(d - V + 1, S, interval)
+    boundaries (V: the swap window), about 1/W of the round's cost at each; the trained
+    parameters are the same bit for bit."""
+    interval = 4
+    window = 4 - Policy(staleness_bound=4, swap_delay=delay).spread + 1
     runs = {}
     for pace in (True, False):
         model, batches = _problem(5)
         opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=interval)
-        policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=window,
+        policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=interval,
                                    swap_delay=delay, workers=1, pace=pace))
         engine = RefreshEngine(opt, policy)
         held = []  # per round: (its step, {release step: cost held back for it})
@@ -254,3 +256,80 @@ def test_pacing_spreads_a_round_by_cost_and_changes_no_number(delay):
             assert all(cost <= total / window + biggest for cost in slots.values())
             assert sum(slots.values()) >= total * (window - 1) / window - biggest
     assert all(torch.equal(a, b) for a, b in zip(runs[True], runs[False], strict=True))
+
+
+def _swap_steps(opt, engine, batches, model):
+    """Train; per block, the boundaries at which its basis changed (the steps whose refresh
+    fell due under "due")."""
+    swapped = {key: [] for key in engine.blocks} | {"due": []}
+
+    def boundary(step):
+        before = {key: opt.basis_version(key) for key in engine.blocks}
+        if opt.due_blocks():
+            swapped["due"].append(step)
+        engine.on_boundary(step)
+        for key in engine.blocks:
+            if opt.basis_version(key) != before[key]:
+                swapped[key].append(step)
+
+    try:
+        params = _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    return swapped, params
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_rounds_swaps_are_spread_over_the_swap_window_by_swap_cost(workers):
+    """Deterministic mode with d = 4 and a swap window V = 2: each block of a round is swapped
+    at s + 3 or s + 4, never later than s + d, both boundaries take about half of the round's
+    swap work, and the same blocks go to the same boundary in every round and with or without
+    workers."""
+    interval, delay, spread = 5, 4, 2
+    model, batches = _problem(7)
+    opt = _soap(model)
+    opt.param_groups[0]["precondition_frequency"] = interval
+    engine = RefreshEngine(opt, LivePolicy(Policy(
+        refresh_interval=interval, staleness_bound=delay, swap_delay=delay,
+        swap_window=spread, workers=workers)))
+    blocks = dict(engine.blocks)
+    swapped, _ = _swap_steps(opt, engine, batches, model)
+    due = swapped.pop("due")
+    assert len(due) >= 4, "too few refresh rounds"
+    lead = {}
+    for key, steps in swapped.items():
+        assert len(due) - 1 <= len(steps) <= len(due), (key, steps, due)
+        offsets = {at - s for at, s in zip(steps, due)}
+        assert len(offsets) == 1 and offsets <= {delay - 1, delay}, (key, steps, due)
+        lead[key] = offsets.pop()
+    work = {d: sum(blocks[k].swap_cost for k, at in lead.items() if at == d)
+            for d in (delay - 1, delay)}
+    total, biggest = sum(work.values()), max(b.swap_cost for b in blocks.values())
+    assert all(w > 0 and w <= total / spread + biggest for w in work.values()), work
+
+
+def test_spread_swaps_train_the_same_numbers_inline_and_on_workers():
+    runs = {}
+    for workers in (0, 1):
+        model, batches = _problem(8)
+        opt = _soap(model)
+        engine = RefreshEngine(opt, LivePolicy(Policy(
+            refresh_interval=3, staleness_bound=4, swap_delay=4, workers=workers)))
+        assert engine.policy.current.spread == 2  # "auto": ceil(d / 2)
+        runs[workers] = _swap_steps(opt, engine, batches, model)
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+
+
+def test_swap_window_one_is_the_optimizers_own_delayed_mode_bit_for_bit():
+    model, batches = _problem(9)
+    reference = _train(model, _soap(model, refresh_delay=4), batches)
+    model, batches = _problem(9)
+    opt = _soap(model)
+    engine = RefreshEngine(opt, LivePolicy(Policy(
+        refresh_interval=3, staleness_bound=4, swap_delay=4, swap_window=1, workers=1)))
+    try:
+        asteria = _train(model, opt, batches, engine.on_boundary)
+    finally:
+        engine.close()
+    assert all(torch.equal(a, b) for a, b in zip(reference, asteria, strict=True))
