@@ -64,9 +64,10 @@ NATIVE = ["--policy.workers", "0", "--policy.swap_delay", "0"]  # refresh inline
 
 def asteria(bound: int, *, train_threads: int = 2, kind: str = "thread",
             pace: bool = True, workers: int = 1, worker_threads: int = 1) -> list[str]:
-    """Asteria's refresh off the critical path with d = S = `bound`: a round's result is
-    swapped `bound` steps after its statistics, which lets pacing spread the round over
-    min(d, S, interval) steps."""
+    """Asteria's refresh off the critical path with d = S = `bound`: a round's results are
+    swapped over the last ceil(d / 2) steps up to `bound` steps after its statistics (the
+    default swap window), which lets pacing spread the round over min(d - V + 1, S, interval)
+    steps before them."""
     return ["--policy.workers", str(workers), "--policy.worker_threads", str(worker_threads),
             "--policy.staleness_bound", str(bound), "--policy.swap_delay", str(bound),
             "--train.threads", str(train_threads), "--policy.worker_kind", kind,

@@ -30,7 +30,7 @@ from asteria_core.machine import MACHINE
 # The policy's choices. A Policy holds each as the plain string (so a policy travels in JSON,
 # checkpoints and HTTP as it is), always one of its enum's values; code compares with members.
 class SwapMode(StrEnum):
-    DETERMINISTIC = "deterministic"  # swap a basis from step-t statistics at t + d
+    DETERMINISTIC = "deterministic"  # swap a basis from step-t statistics at a fixed step <= t + d
     OPPORTUNISTIC = "opportunistic"  # swap as soon as ready, wait only at the bound
 
 
@@ -172,17 +172,17 @@ class Policy:
         '"auto" follows the staleness bound (d = S, read at each boundary), which gives pacing '
         "the most steps to spread a round over.")
     swap_window: int | str = _auto_or_int(
-        AUTO, 1, MAX_STEPS, 'Swap window (steps, at most d; "auto" = d / 2)',
+        AUTO, 1, MAX_STEPS, 'Swap window (steps; "auto" = d / 2)',
         "Deterministic mode: a round's swaps are spread over the last min(this, d) boundaries "
-        "up to t + d, about an equal share of the swap work at each (in queue order, the "
-        "blocks handed to the workers first are swapped first), so no single step rotates "
-        "every block's moments. 1 swaps the whole round at t + d, as the optimizer's own "
+        "up to t + d, about an equal share of the swap work at each (the blocks, in queue "
+        "order, each to the boundary with the least so far), so no single step rotates every "
+        "block's moments. 1 swaps the whole round at t + d, as the optimizer's own "
         'delayed mode does. "auto" = ceil(d / 2): pacing hands the round to the workers over '
         "the first d - window + 1 boundaries, the swaps take the rest.")
     swap_mode: str = _choice(
         SwapMode.DETERMINISTIC, "Swap mode",
-        "deterministic (swap at t + d) | opportunistic (swap as soon as ready, wait only at the "
-        "bound).")
+        "deterministic (swap at a step fixed when the refresh falls due, by t + d) | "
+        "opportunistic (swap as soon as ready, wait only at the bound).")
     workers: int = _int(
         1, 0, MACHINE.max_workers, "Refresh workers (0 = inline)",
         "Host refresh workers; 0 computes refreshes inline (the native reference). At most "

@@ -25,8 +25,9 @@ basis-swap time per step (the swap measured as the training thread's CPU inside
 `apply_refresh`), optimizer-state bytes by kind (moments, factors, bases) and the peak RSS of
 the size (VmHWM of the process that trained it: the arms of a size and arrangement take their
 turns in a process of their own, AdamW with native and Asteria SOAP at the defaults, the two at
-BLOCK in a second one, so one size's memory is gone before the next is built). Every figure is then fitted against the parameter count on log-log axes: the fitted
-exponent k says how it grows (k = 1: in proportion to the parameters).
+BLOCK in a second one, so one size's memory is gone before the next is built). Every figure is
+then fitted against the parameter count on log-log axes: the fitted exponent k says how it grows
+(k = 1: in proportion to the parameters).
 
 Tokens per step: at one size, AdamW and Asteria-SOAP at growing batches; SOAP's projections cost
 the same whatever the batch, so its overhead over AdamW falls as the tokens per step grow.

@@ -71,8 +71,9 @@ class BlockInfo:
     cost: float
     """Refresh cost estimate, b**3 (eigh, QR and inverse roots are all cubic)."""
     swap_cost: float = 0.0
-    """Swap cost estimate on the training thread: the parameter's elements times b (a moment
-    rotated along the block's dim); 0 when unknown (the refresh cost stands in)."""
+    """Swap cost estimate on the training thread: the elements of the block's slab of the
+    parameter (its chunk along the block's dim) times b, a moment rotated along that dim; 0
+    when unknown (the refresh cost stands in)."""
 
 
 @dataclass(frozen=True, slots=True)

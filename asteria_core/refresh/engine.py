@@ -25,7 +25,8 @@ Staleness of a block, as seen by step u, is u - s when a refresh from step s is 
 (computed or not, not yet swapped in) and 0 otherwise; it never exceeds the bound S in force.
 Workers slower than the refresh interval (wide factors) make the step wait at the bound, as
 `refresh_wait`, and never pile work up: in deterministic mode a block has at most
-ceil(d / interval) refreshes in flight (each is swapped at s + d); in opportunistic mode a
+ceil(d / interval) refreshes in flight (each is swapped by s + d, never before the block's
+previous one); in opportunistic mode a
 block that falls due while its previous refresh still waits for a worker replaces it (fresher
 statistics, the older one's deadline), so no block waits for a worker twice.
 With `workers = 0` refreshes run inline at the boundary and wait for the same swap steps, so
@@ -286,6 +287,17 @@ class RefreshEngine:
             early[key] = spread - 1 - slot
         return early
 
+    def _early(self, key: BlockKey, t: int, early: dict[BlockKey, int]) -> int:
+        """`key`'s place in this round's swap window, never before the swap of its refresh
+        still in flight (after a live change of the window, a newer round could otherwise
+        place it earlier): s - early never decreases along a block's queue, so its refreshes
+        are swapped in the order they fell due, here and in a checkpoint's pending list."""
+        queue_ = self.outstanding[key]
+        if not queue_:
+            return early.get(key, 0)
+        last = queue_[-1]
+        return min(early.get(key, 0), last.early + t - last.stats_step)
+
     def _swap_step(self, item: Outstanding, policy: Policy) -> int:
         """The boundary at which a deterministic refresh is swapped (d read as it is now)."""
         return item.stats_step + max(policy.delay - item.early, 0)
@@ -293,7 +305,7 @@ class RefreshEngine:
     def _start(self, snapshot, t: int, policy: Policy, ready,
                early: dict[BlockKey, int]) -> Outstanding:
         key = snapshot.key
-        item = Outstanding(key, t, None, early=early.get(key, 0))
+        item = Outstanding(key, t, None, early=self._early(key, t, early))
         if self._pool is not None and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             self._coalesce(item)
         job = Job(snapshot, self.opt.refresh_config(key),
@@ -341,8 +353,8 @@ class RefreshEngine:
         the new one (fresher statistics, the same work), which keeps its place in the queue and
         its deadline. So a block never waits for a worker twice, and workers slower than the
         refresh interval do not pile up refreshes that a newer one would replace anyway.
-        (Deterministic mode swaps every refresh at s + d, so each one is needed; a block then
-        has at most ceil(d / interval) in flight.)"""
+        (Deterministic mode swaps every refresh at its own step, by s + d, so each one is
+        needed; a block then has at most ceil(d / interval) in flight.)"""
         queue_ = self.outstanding[item.key]
         older = queue_[-1] if queue_ else None
         if older is None or older.job is None or older.job.started_at is not None \
@@ -356,15 +368,17 @@ class RefreshEngine:
 
     def _exchange(self, due, started: dict[BlockKey, Outstanding], t: int,
                   early: dict[BlockKey, int]) -> None:
-        """Offer this rank's refreshes and expect the others', in `due` order on every rank."""
-        for key in due:
+        """Offer this rank's refreshes and expect the others', in the order of their swaps
+        (then `due` order): the same on every rank, and the transfers, sent one at a time in
+        that order, arrive in the order the swaps need them."""
+        for key in sorted(due, key=lambda key: -early.get(key, 0)):
             size = self.blocks[key].size
             item = started.get(key)
             if item is not None:
                 self.exchange.offer(key, t, size, partial(self._outcome, item))
             else:
                 item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size),
-                                   early=early.get(key, 0))
+                                   early=self._early(key, t, early))
                 self.outstanding[key].append(item)
 
     def _outcome(self, item: Outstanding) -> Outcome | None:

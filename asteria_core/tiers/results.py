@@ -1,7 +1,7 @@
 """Refresh results in flight, for blocks whose state lives on disk: kept in files, not memory.
 
 A refresh result (the new basis, the rotation Q_old^T Q_new, and at a block's first swap the
-transport) waits from the boundary it is known at until its swap step, d steps later; a round
+transport) waits from the boundary it is known at until its swap step, up to d steps later; a round
 of them is about as large as every basis of the model, twice or three times over. For a block
 homed on disk that is memory its state was sent to disk to save, so the result goes to a file
 of the disk tier too. What the engine keeps is the same `RefreshResult`, its tensors views of

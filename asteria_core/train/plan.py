@@ -11,11 +11,12 @@ and labelled). The arithmetic is the refresh engine's:
     duty(n)     = W / (n x refresh_interval x step_seconds)       (engine.background_load)
 
 Above 1 the workers cannot keep up: staleness is pinned at S and the step waits (refresh_wait).
-A round must also be done before its swap, d = S steps (by default) after its snapshot, and a
-block is never split across workers, so the plan asks for the fewest workers n whose duty is
-at most `headroom` and whose round, packed largest block first onto the least loaded worker,
-ends within headroom x min(interval, d) steps. When one block alone takes longer than d steps,
-no worker count helps: the plan says so and names the block size that would fit.
+A round must also be done before its first swap, d - V + 1 steps after its snapshot (d = S by
+default, V the swap window, ceil(d / 2) by default), and a block is never split across workers,
+so the plan asks for the fewest workers n whose duty is at most `headroom` and whose round,
+packed largest block first onto the least loaded worker, ends within headroom x
+min(interval, d - V + 1) steps. When one block alone takes longer than that, no worker count
+helps: the plan says so and names the block size that would fit.
 Memory per tier is the tier store's own placement (`tiers.placement.plan`) of the state entries.
 """
 
@@ -116,11 +117,12 @@ class Prediction:
     groups: tuple[SizeGroup, ...]
     workers: int | None
     """The fewest workers that keep duty <= headroom and a round within its window; None when
-    no count can (a block alone outlasts d steps)."""
+    no count can (a block alone outlasts the window)."""
     why_none: str = ""
     spread: int = 1
     """V: the boundaries a round's swaps are spread over (policy.spread); the first is
-    d - V + 1 steps after the snapshot, and the most expensive block is swapped there."""
+    d - V + 1 steps after the snapshot, and the round is held to it (with the default queue
+    order the most expensive block is swapped there)."""
 
     @property
     def round_work_s(self) -> float:
@@ -178,7 +180,7 @@ def check_inputs(step_seconds: float, interval: int, bound: int, headroom: float
 
 def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
             step_seconds: float, interval: int, bound: int, delay: int | None = None,
-            spread: int = 1, headroom: float = HEADROOM) -> Prediction:
+            spread: int | None = None, headroom: float = HEADROOM) -> Prediction:
     """The refresh work and worker count of blocks of sides `sizes` at `step_seconds` a step
     (pure: `cost` maps a block side to one refresh's seconds, or is a `RefreshCost`)."""
     check_inputs(step_seconds, interval, bound, headroom)
@@ -186,6 +188,8 @@ def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
     delay = bound if delay is None else delay
     groups = tuple(SizeGroup(b, n, cost.seconds(b), cost.is_estimate(b))
                    for b, n in sorted(Counter(sizes).items(), reverse=True))
+    if spread is None:  # the policy's "auto"
+        spread = math.ceil(delay / 2)
     base = Prediction(step_seconds, interval, bound, delay, headroom, groups, None,
                       spread=max(1, min(spread, delay)))
     workers, why = _workers(base, sizes, cost)

@@ -299,7 +299,7 @@ def test_a_rounds_swaps_are_spread_over_the_swap_window_by_swap_cost(workers):
     lead = {}
     for key, steps in swapped.items():
         assert len(due) - 1 <= len(steps) <= len(due), (key, steps, due)
-        offsets = {at - s for at, s in zip(steps, due)}
+        offsets = {at - s for at, s in zip(steps, due, strict=False)}
         assert len(offsets) == 1 and offsets <= {delay - 1, delay}, (key, steps, due)
         lead[key] = offsets.pop()
     work = {d: sum(blocks[k].swap_cost for k, at in lead.items() if at == d)
@@ -333,3 +333,33 @@ def test_swap_window_one_is_the_optimizers_own_delayed_mode_bit_for_bit():
     finally:
         engine.close()
     assert all(torch.equal(a, b) for a, b in zip(reference, asteria, strict=True))
+
+
+def test_a_block_never_swaps_a_newer_refresh_before_an_older_one():
+    """A live change of the swap window while a block has two refreshes in flight (interval 2,
+    d = 6): the newer round's place may not come before the older one's swap, so a block's
+    bases come in the order they fell due, uninterrupted and through a checkpoint's pending
+    list alike."""
+    model, batches = _problem(11)
+    opt = _soap(model)
+    opt.param_groups[0]["precondition_frequency"] = 2
+    live = LivePolicy(Policy(refresh_interval=2, staleness_bound=6, swap_delay=6, swap_window=1,
+                             workers=1))
+    engine = RefreshEngine(opt, live)
+    steps = []
+
+    def boundary(step):
+        if step == 3:  # the refresh of step 1 is in flight (swap at 7); widen the window
+            live.propose({"swap_window": 6}, client="test")
+            live.apply_pending(step)
+        engine.on_boundary(step)
+        for queue_ in engine.outstanding.values():
+            at = [engine._swap_step(item, live.current) for item in queue_]
+            steps.append(at)
+            assert at == sorted(at), at
+
+    try:
+        _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    assert any(len(at) > 1 and at[0] == at[1] for at in steps), "no round was held back"
