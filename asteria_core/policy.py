@@ -174,9 +174,9 @@ class Policy:
     swap_window: int | str = _auto_or_int(
         AUTO, 1, MAX_STEPS, 'Swap window (steps; "auto" = d / 2)',
         "Deterministic mode: a round's swaps are spread over the last min(this, d) boundaries "
-        "up to t + d, about an equal share of the swap work at each (the blocks, in queue "
-        "order, each to the boundary with the least so far), so no single step rotates every "
-        "block's moments. 1 swaps the whole round at t + d, as the optimizer's own "
+        "up to t + d, about an equal share of the swap work at each, in the order the workers "
+        "get the blocks (one handed out early is swapped early), so no single step rotates "
+        "every block's moments. 1 swaps the whole round at t + d, as the optimizer's own "
         'delayed mode does. "auto" = ceil(d / 2): pacing hands the round to the workers over '
         "the first d - window + 1 boundaries, the swaps take the rest.")
     swap_mode: str = _choice(

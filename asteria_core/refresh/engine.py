@@ -3,12 +3,13 @@
 At each step boundary (after the optimizer update of step t) the engine
 1. swaps in every result whose swap step has come: in deterministic mode a result made from
    the statistics of step s is swapped in at a boundary fixed when it fell due, one of the
-   V = swap window boundaries s + d - V + 1 .. s + d (waiting if late): a round's blocks are
-   shared out over them, an equal share of the swap work (the moments' rotation, on the
-   training thread) at each, so no one step carries the whole round's; V = 1 swaps every block
-   at s + d. In opportunistic mode a result is swapped as soon as it is ready. Either way it
-   waits when the next step would otherwise use a basis more than S steps behind a refresh
-   that fell due (the bound);
+   V = swap window boundaries s + d - V + 1 .. s + d (waiting if late): a round's blocks fill
+   them in the order the workers get them, an equal share of the swap work (the moments'
+   rotation, on the training thread) at each, so no one step carries the whole round's and a
+   block handed out early is swapped early; V = 1 swaps every block at s + d. In
+   opportunistic mode a result is swapped as soon as it is ready. Either way it waits when the
+   next step would otherwise use a basis more than S steps behind a refresh that fell due (the
+   bound);
 2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
    stale first, then most expensive (d = 0 swaps them at this same boundary). A snapshot copies
    nothing (the optimizer lends its tensors and writes new ones from then on); on CUDA it is
@@ -132,6 +133,18 @@ class Outstanding:
     def __post_init__(self) -> None:
         if self.since < 0:
             self.since = self.stats_step
+
+
+def share_out(things: list, costs: list[float], slots: int) -> dict:
+    """Each of `things`, in order, to the slot with the least cost so far (the earliest on a
+    tie): about an equal share of the total in each of `slots` slots."""
+    load = [0.0] * slots
+    placed = {}
+    for thing, cost in zip(things, costs, strict=True):
+        slot = load.index(min(load))
+        load[slot] += cost
+        placed[thing] = slot
+    return placed
 
 
 class RefreshEngine:
@@ -269,22 +282,37 @@ class RefreshEngine:
         return -self.blocks[key].cost if policy.priority == Priority.STALE_THEN_COST else \
             self._position[key]
 
+    def _pace_window(self, policy: Policy) -> int:
+        """W: the boundaries a round's jobs are released over (1 with pace off). In
+        deterministic mode W ends before the round's first swap (s + d - V + 1)."""
+        if not policy.pace:
+            return 1
+        window = min(policy.staleness_bound, policy.refresh_interval)
+        if policy.swap_mode == SwapMode.DETERMINISTIC:
+            window = min(window, policy.delay - policy.spread + 1)
+        return max(window, 1)
+
     def _spread_swaps(self, due, policy: Policy) -> dict[BlockKey, int]:
         """Deterministic mode: each due block's place in the round's swap window, as how many
-        boundaries before s + d it is swapped. In queue order (the order pacing hands the
-        jobs out), each block goes to the boundary with the least swap work so far, the
-        earliest on a tie. The same on every rank and with or without workers: it depends on
-        the blocks and the policy only."""
+        boundaries before s + d it is swapped. The blocks go in the order the workers get
+        them (pacing's release boundary, then queue order) and fill the V boundaries in turn,
+        about 1/V of the round's swap work each: a block released early is swapped early, so
+        a worker that keeps up with the round (duty <= 1) has each block done by its swap.
+        The same on every rank and with or without workers: it depends on the blocks and the
+        policy only."""
         spread = policy.spread
         if policy.swap_mode != SwapMode.DETERMINISTIC or spread <= 1 or not due:
             return {}
-        load = [0.0] * spread
-        early = {}
-        for key in sorted(due, key=lambda key: self._tie(key, policy)):
-            slot = load.index(min(load))
-            info = self.blocks[key]
-            load[slot] += info.swap_cost or info.cost
+        ordered = sorted(due, key=lambda key: self._tie(key, policy))
+        release = share_out(ordered, [self.blocks[k].cost for k in ordered],
+                            self._pace_window(policy))
+        ordered.sort(key=lambda key: release[key])  # stable: queue order within a boundary
+        costs = [self.blocks[k].swap_cost or self.blocks[k].cost for k in ordered]
+        total, before, early = sum(costs), 0.0, {}
+        for key, cost in zip(ordered, costs, strict=True):
+            slot = min(spread - 1, int(spread * before / total))
             early[key] = spread - 1 - slot
+            before += cost
         return early
 
     def _early(self, key: BlockKey, t: int, early: dict[BlockKey, int]) -> int:
@@ -401,17 +429,17 @@ class RefreshEngine:
         return item.unchanged
 
     def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
-        """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each:
-        in queue order (most expensive first), each job to the least loaded boundary. In
-        deterministic mode W ends before the round's first swap (s + d - V + 1)."""
-        window = min(policy.staleness_bound, policy.refresh_interval)
-        if policy.swap_mode == SwapMode.DETERMINISTIC:
-            window = min(window, policy.delay - policy.spread + 1)
-        load = [0.0] * (max(window, 1) if policy.pace else 1)
-        for item in sorted(items, key=lambda item: item.job.priority):
-            slot = load.index(min(load))
-            load[slot] += self.blocks[item.key].cost
-            item.release_step = t + slot
+        """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each
+        (`share_out`, in queue order: most expensive first)."""
+        items = sorted(items, key=lambda item: item.job.priority)
+        slots = share_out(items, [self.blocks[item.key].cost for item in items],
+                          self._pace_window(policy))
+        for item in items:
+            item.release_step = t + slots[item]
+            # A worker still busy with an earlier boundary's jobs takes them before a later
+            # one's, however expensive: the order the swap window was filled in.
+            since, tie = item.job.priority
+            item.job.priority = (since, slots[item], tie)
             self._held[item] = None
 
     def _release(self, t: int) -> None:
@@ -600,6 +628,12 @@ class RefreshEngine:
         for a queue or for worker processes that are still starting. In a data-parallel run the
         owner's worker result also travels to the other ranks: there every refresh is awaited."""
         policy = self.policy.current
+        if self.exchange is not None:
+            # Every job pacing still holds goes to the workers now: the exchange sends results
+            # in swap order, which is not the order of the queues below, and a transfer must
+            # not wait for a job that only this loop would have released later.
+            for item in list(self._held):
+                self._submit(item)
         for queue_ in self.outstanding.values():
             while queue_:
                 item = queue_.popleft()

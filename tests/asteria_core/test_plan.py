@@ -92,11 +92,16 @@ def test_memory_follows_the_tier_settings():
 def test_duty_and_workers_are_the_engines_arithmetic():
     sizes = [100] * 4 + [50] * 2
     cost = {100: 1.0, 50: 0.5}
-    p = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10)
+    p = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10, spread=1)
     assert p.round_work_s == pytest.approx(5.0)
     assert p.interval_train_s == pytest.approx(10.0)
     assert p.duty(1) == pytest.approx(0.5) and p.duty(2) == pytest.approx(0.25)
     assert p.workers == 1
+    # The default swap window (V = ceil(d / 2) = 5) holds the round to its first swap, d - V + 1
+    # = 6 steps after the snapshot: within 0.8 x 6 s = 4.8 s, which one worker (5 s) misses.
+    spread = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10)
+    assert spread.spread == 5 and spread.window_s == pytest.approx(6.0)
+    assert spread.workers == 2
     # Throughput: 5 worker-s per 3 s interval at duty <= 0.8 needs ceil(5 / 2.4) = 3 workers,
     # whose round (2 s) ends within 0.8 x 3 s.
     assert predict(sizes, cost, step_seconds=3.0, interval=1, bound=1).workers == 3

@@ -7,6 +7,7 @@ from torch import nn
 from asteria_core.optim import SOAP, KLShampoo
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine, RefreshFailed
+from asteria_core.refresh.engine import share_out
 from tests.asteria_core.refresh.faults import RELEASE_HANGS, FaultyRefresh, SlowRefresh
 
 STEPS = 24
@@ -363,3 +364,32 @@ def test_a_block_never_swaps_a_newer_refresh_before_an_older_one():
     finally:
         engine.close()
     assert any(len(at) > 1 and at[0] == at[1] for at in steps), "no round was held back"
+
+
+def test_blocks_handed_out_first_are_swapped_first():
+    """The swap window follows pacing's order: a block released at an earlier boundary is never
+    swapped after one released later (a worker that keeps up has each block done by its swap),
+    and each of the V boundaries takes about 1/V of the round's swap work."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(n, m) for n, m in [(24, 40), (40, 8), (8, 32), (32, 16)]])
+    opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=10)
+    policy = Policy(refresh_interval=10, staleness_bound=10, workers=1)  # d = 10, V = 5, W = 6
+    engine = RefreshEngine(opt, LivePolicy(policy))
+    try:
+        blocks = engine.blocks
+        due = list(blocks)
+        early = engine._spread_swaps(due, policy)
+        ordered = sorted(due, key=lambda key: engine._tie(key, policy))
+        release = share_out(ordered, [blocks[k].cost for k in ordered],
+                            engine._pace_window(policy))
+    finally:
+        engine.close()
+    assert policy.spread == 5 and engine._pace_window(policy) == 6
+    assert set(release.values()) == set(range(6))
+    for a in due:
+        for b in due:
+            if release[a] < release[b]:
+                assert early[a] >= early[b], (a, b)  # swapped no later than b
+    work = [sum(blocks[k].swap_cost for k in due if early[k] == e) for e in range(5)]
+    total, biggest = sum(work), max(b.swap_cost for b in blocks.values())
+    assert all(0 < w <= total / 5 + biggest for w in work), work
