@@ -148,6 +148,13 @@ def _str(default: str, max_length: int, title: str, doc: str) -> Any:
 
 
 MAX_STEPS = 1_000_000
+
+
+def swap_spread(delay: int, window: int | str) -> int:
+    """The boundaries a deterministic round's swaps take at swap delay `delay`: `window`
+    (ceil(d / 2) when "auto"), at most d, at least 1."""
+    window = math.ceil(delay / 2) if window == AUTO else window
+    return max(1, min(window, delay))
 MAX_BYTES = 2**53
 
 
@@ -248,10 +255,8 @@ class Policy:
 
     @property
     def spread(self) -> int:
-        """Boundaries a deterministic round's swaps take: `swap_window` (ceil(d / 2) when
-        "auto"), at most d, at least 1."""
-        window = math.ceil(self.delay / 2) if self.swap_window == AUTO else self.swap_window
-        return max(1, min(window, self.delay))
+        """Boundaries a deterministic round's swaps take (`swap_spread`)."""
+        return swap_spread(self.delay, self.swap_window)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -226,7 +226,8 @@ class RefreshEngine:
         self._swap_due(t, policy)
         self._stage_finished()
         due = self.opt.due_blocks()
-        early = self._spread_swaps(due, policy)
+        places = self._spread_swaps(due, policy)
+        early = {key: self._early(key, t, places) for key in due}
         mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
         if self._pool is None:  # inline: one snapshot at a time (a disk-homed one is a copy)
             started = [self._start(self.opt.snapshot(key, lend=True), t, policy, None, early)
@@ -333,7 +334,7 @@ class RefreshEngine:
     def _start(self, snapshot, t: int, policy: Policy, ready,
                early: dict[BlockKey, int]) -> Outstanding:
         key = snapshot.key
-        item = Outstanding(key, t, None, early=self._early(key, t, early))
+        item = Outstanding(key, t, None, early=early.get(key, 0))
         if self._pool is not None and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             self._coalesce(item)
         job = Job(snapshot, self.opt.refresh_config(key),
@@ -406,7 +407,7 @@ class RefreshEngine:
                 self.exchange.offer(key, t, size, partial(self._outcome, item))
             else:
                 item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size),
-                                   early=self._early(key, t, early))
+                                   early=early[key])
                 self.outstanding[key].append(item)
 
     def _outcome(self, item: Outstanding) -> Outcome | None:

@@ -33,7 +33,7 @@ import torch
 
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
-from asteria_core.policy import Policy
+from asteria_core.policy import AUTO, Policy, swap_spread
 from asteria_core.telemetry.labels import TIERS, Tier
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
@@ -188,10 +188,8 @@ def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
     delay = bound if delay is None else delay
     groups = tuple(SizeGroup(b, n, cost.seconds(b), cost.is_estimate(b))
                    for b, n in sorted(Counter(sizes).items(), reverse=True))
-    if spread is None:  # the policy's "auto"
-        spread = math.ceil(delay / 2)
     base = Prediction(step_seconds, interval, bound, delay, headroom, groups, None,
-                      spread=max(1, min(spread, delay)))
+                      spread=swap_spread(delay, AUTO if spread is None else spread))
     workers, why = _workers(base, sizes, cost)
     return dataclasses.replace(base, workers=workers, why_none=why)
 

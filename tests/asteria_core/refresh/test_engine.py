@@ -38,6 +38,15 @@ def _soap(model, **kw):
     return SOAP(model.parameters(), lr=1e-2, precondition_frequency=3, **kw)
 
 
+def _train_async(model, opt, batches, policy: Policy) -> list[torch.Tensor]:
+    """Train with a refresh engine under `policy`; its parameters after."""
+    engine = RefreshEngine(opt, LivePolicy(policy))
+    try:
+        return _train(model, opt, batches, engine.on_boundary)
+    finally:
+        engine.close()
+
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -68,12 +77,7 @@ def test_kl_shampoo_async_equals_its_delayed_reference():
     model, batches = _problem(3)
     reference = _train(model, make(model, refresh_delay=1), batches)
     model, batches = _problem(3)
-    opt = make(model)
-    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=3, swap_delay=1)))
-    try:
-        asteria = _train(model, opt, batches, engine.on_boundary)
-    finally:
-        engine.close()
+    asteria = _train_async(model, make(model), batches, Policy(refresh_interval=3, swap_delay=1))
     assert all(torch.equal(a, b) for a, b in zip(reference, asteria, strict=True))
 
 
@@ -326,13 +330,8 @@ def test_swap_window_one_is_the_optimizers_own_delayed_mode_bit_for_bit():
     model, batches = _problem(9)
     reference = _train(model, _soap(model, refresh_delay=4), batches)
     model, batches = _problem(9)
-    opt = _soap(model)
-    engine = RefreshEngine(opt, LivePolicy(Policy(
-        refresh_interval=3, staleness_bound=4, swap_delay=4, swap_window=1, workers=1)))
-    try:
-        asteria = _train(model, opt, batches, engine.on_boundary)
-    finally:
-        engine.close()
+    asteria = _train_async(model, _soap(model), batches, Policy(
+        refresh_interval=3, staleness_bound=4, swap_delay=4, swap_window=1, workers=1))
     assert all(torch.equal(a, b) for a, b in zip(reference, asteria, strict=True))
 
 
