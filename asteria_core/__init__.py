@@ -12,14 +12,14 @@ The names below are the stable public API; docs/architecture.md describes how th
 
 from asteria_core.optim import SOAP, KLShampoo, Shampoo
 from asteria_core.policy import LivePolicy, Policy, PolicyChange, PolicyError
-from asteria_core.runtime import OPTIMIZERS, Runtime, build_optimizer, optimizer
+from asteria_core.runtime import OPTIMIZERS, Runtime, RuntimeConfig, build_optimizer, optimizer
 from asteria_core.telemetry import NullReporter, StepRecord, TelemetryConfig
 
 __version__ = "0.1.0"
 
 __all__ = ["OPTIMIZERS", "SOAP", "KLShampoo", "LivePolicy", "NullReporter", "Policy",
-           "PolicyChange", "PolicyError", "Runtime", "Shampoo", "StepRecord", "Telemetry",
-           "TelemetryConfig", "build_optimizer", "optimizer"]
+           "PolicyChange", "PolicyError", "Runtime", "RuntimeConfig", "Shampoo", "StepRecord",
+           "Telemetry", "TelemetryConfig", "build_optimizer", "optimizer"]
 
 
 def __getattr__(name: str):

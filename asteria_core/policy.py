@@ -8,22 +8,24 @@ step at which it takes effect, or rejected whole with a `PolicyError` naming the
 changes are applied together at one step boundary and recorded in the history.
 
 Each field's kind, range or choices, label and help text are written once, in `Policy`'s field
-metadata (a `PolicyField`): `Policy` validates with them, and `policy_fields()` hands them to the
-control plane, which builds its request schema (and so the dashboard's form) from them.
+metadata (a `Setting`, asteria_core/fields.py, as every config section's): `Policy` validates
+with them, and `policy_fields()` hands them to the control plane, which builds its request
+schema (and so the dashboard's form) from them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from asteria_core.fields import AUTO, Kind, Setting, choice, problems, setting, settings_of
 from asteria_core.machine import MACHINE
 
 
@@ -51,16 +53,6 @@ class OffloadMode(StrEnum):
     AUTO = "auto"  # placement by the budgets
 
 
-class FieldKind(StrEnum):
-    """What a policy field holds (PolicyField.kind)."""
-
-    INT = "int"
-    AUTO_OR_INT = "auto_or_int"  # "auto" or an integer
-    CHOICE = "choice"
-    BOOL = "bool"
-    STR = "str"
-
-
 class PolicyError(ValueError):
     """A policy change is invalid; `field` names the offending field."""
 
@@ -69,82 +61,24 @@ class PolicyError(ValueError):
         self.field = field
 
 
-AUTO = "auto"
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyField:
-    """One policy field described once: its kind, allowed values, label and help text.
-
-    `Policy` validates with it, and the control plane builds its request schema from it (see
-    `policy_fields`), so a range or a choice is written in one place only.
-    """
-
-    kind: FieldKind
-    title: str
-    """A short label (what a form shows)."""
-    help: str
-    minimum: int | None = None
-    maximum: int | None = None
-    choices: tuple[str, ...] = ()
-    max_length: int | None = None
-    name: str = ""
-    """Filled in by `policy_fields` (the dataclass field the description belongs to)."""
-    default: Any = None
-
-    def allowed(self) -> str:
-        """What a valid value is, in the words of a PolicyError message."""
-        integer = f"an integer in [{self.minimum}, {self.maximum}]"
-        return {FieldKind.INT: integer, FieldKind.AUTO_OR_INT: f'"{AUTO}" or {integer}',
-                FieldKind.CHOICE: " | ".join(self.choices), FieldKind.BOOL: "true | false",
-                FieldKind.STR: f"a string of at most {self.max_length} characters"}[self.kind]
-
-    def accepts(self, value: Any) -> bool:
-        if self.kind == FieldKind.AUTO_OR_INT and value == AUTO:
-            return True
-        if self.kind in (FieldKind.INT, FieldKind.AUTO_OR_INT):
-            return (isinstance(value, int) and not isinstance(value, bool)
-                    and self.minimum <= value <= self.maximum)
-        if self.kind == FieldKind.CHOICE:
-            return isinstance(value, str) and value in self.choices
-        if self.kind == FieldKind.BOOL:
-            return isinstance(value, bool)
-        return isinstance(value, str) and len(value) <= self.max_length
-
-    def check(self, name: str, value: Any) -> None:
-        if not self.accepts(value):
-            # reprlib: a rejected value is shown shortened (a long path, say), never whole
-            raise PolicyError(name, f"got {reprlib.repr(value)}; allowed: {self.allowed()}")
-
-
-_SPEC = "policy"  # the metadata key a Policy field's PolicyField lives under
-
-
-def _field(default: Any, spec: PolicyField) -> Any:
-    return dataclasses.field(default=default, metadata={_SPEC: spec})
-
-
 def _int(default: int, lo: int, hi: int, title: str, doc: str) -> Any:
-    return _field(default, PolicyField(FieldKind.INT, title, doc, minimum=lo, maximum=hi))
+    return setting(default, Kind.INT, doc, title=title, minimum=lo, maximum=hi)
 
 
 def _auto_or_int(default: int | str, lo: int, hi: int, title: str, doc: str) -> Any:
-    return _field(default, PolicyField(FieldKind.AUTO_OR_INT, title, doc, minimum=lo,
-                                       maximum=hi))
+    return setting(default, Kind.AUTO_OR_INT, doc, title=title, minimum=lo, maximum=hi)
 
 
 def _choice(default: StrEnum, title: str, doc: str) -> Any:
-    """A field holding one of `default`'s enum's values (as its plain string)."""
-    choices = tuple(m.value for m in type(default))
-    return _field(default.value, PolicyField(FieldKind.CHOICE, title, doc, choices=choices))
+    return choice(default, doc, title=title)
 
 
 def _bool(default: bool, title: str, doc: str) -> Any:
-    return _field(default, PolicyField(FieldKind.BOOL, title, doc))
+    return setting(default, Kind.BOOL, doc, title=title)
 
 
 def _str(default: str, max_length: int, title: str, doc: str) -> Any:
-    return _field(default, PolicyField(FieldKind.STR, title, doc, max_length=max_length))
+    return setting(default, Kind.STR, doc, title=title, max_length=max_length)
 
 
 MAX_STEPS = 1_000_000
@@ -235,8 +169,8 @@ class Policy:
         OffloadMode.NONE, "Offload mode", "none | host | disk | auto (placement by budgets).")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # types, ranges and choices, from each field's spec
-            f.metadata[_SPEC].check(f.name, getattr(self, f.name))
+        for name, problem in problems(self):  # types, ranges and choices, from each setting
+            raise PolicyError(name, problem)
         if self.swap_delay != AUTO and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
@@ -262,11 +196,10 @@ class Policy:
         return dataclasses.asdict(self)
 
 
-def policy_fields(policy_cls: type[Policy] = Policy) -> tuple[PolicyField, ...]:
+def policy_fields(policy_cls: type[Policy] = Policy) -> tuple[Setting, ...]:
     """Every field of `policy_cls` (Policy or a subclass) described: name, default, kind,
     bounds or choices, label and help. Plain data, so other layers can build on it."""
-    return tuple(dataclasses.replace(f.metadata[_SPEC], name=f.name, default=f.default)
-                 for f in dataclasses.fields(policy_cls))
+    return settings_of(policy_cls)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Policy))
@@ -301,7 +234,6 @@ class LivePolicy:
         self._history: list[PolicyChange] = []
         self._last_boundary = start_step
         self._validators: list[Validator] = []
-        self._listeners: list[Callable[[PolicyChange], None]] = []
         self._taken: list[PolicyChange] = []
         self.apply_after = 1
         """Boundaries from the next one to the one that applies a queued change: 1 in one
@@ -320,18 +252,28 @@ class LivePolicy:
         """A runtime part's extra check (raises PolicyError), run on every proposed policy."""
         self._validators.append(validator)
 
-    def add_listener(self, listener: Callable[[PolicyChange], None]) -> None:
-        """Called with each change when it is applied (at a step boundary)."""
-        self._listeners.append(listener)
-
     def propose(self, changes: Mapping[str, Any], *, client: str = "local",
-                persist: Callable[[PolicyChange], None] | None = None,
                 requested_at: float | None = None) -> PolicyChange:
         """Validate `changes` over the newest policy and queue them; raises PolicyError.
+        `requested_at`: when it was asked for, if not now (a change queued again when a run
+        resumes)."""
+        with self.proposing(changes, client=client, requested_at=requested_at) as change:
+            pass
+        return change
 
-        `persist(change)` makes the accepted change durable before it is queued (the control
-        plane writes it to its store); if it raises, nothing is queued. `requested_at`: when
-        it was asked for, if not now (a change queued again when a run resumes)."""
+    @contextmanager
+    def proposing(self, changes: Mapping[str, Any], *, client: str = "local",
+                  requested_at: float | None = None) -> Iterator[PolicyChange]:
+        """`propose`, with the accepted change held while the caller's block runs: it is
+        queued when the block ends, and not at all if the block raises. The control plane
+        writes the change to its store there, so a change it acknowledges is durable and a
+        change it could not store is never applied:
+
+            with live.proposing({"staleness_bound": 3}, client=who) as change:
+                store.add_policy_change(run_id, change, durable=True)
+
+        No other change is proposed or applied meanwhile: the block runs under the policy's
+        lock, so it must not call this `LivePolicy` itself."""
         unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
             raise PolicyError(unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
@@ -350,11 +292,9 @@ class LivePolicy:
                                   client=client,
                                   requested_at=time.time() if requested_at is None
                                   else requested_at)
-            if persist is not None:
-                persist(change)
+            yield change
             self._newest, self._newest_version = proposed, change.version
             self._pending.append(change)
-            return change
 
     def apply_pending(self, step: int) -> list[PolicyChange]:
         """At the boundary after `step`: make queued changes current, from step + 1 on."""
@@ -367,9 +307,6 @@ class LivePolicy:
             self._pending = []
             self._current, self._version = self._newest, self._newest_version
             self._history.extend(applied)
-        for change in applied:
-            for listener in self._listeners:
-                listener(change)
         return applied
 
     def take_pending(self, step: int) -> tuple[Policy, int, list[PolicyChange]]:
@@ -394,14 +331,21 @@ class LivePolicy:
                 self._newest, self._newest_version = policy, version
             self._taken = []
             self._history.extend(applied)
-        for change in applied:
-            for listener in self._listeners:
-                listener(change)
         return applied
 
     def history(self) -> list[PolicyChange]:
         with self._lock:
             return list(self._history)
+
+    def applied_after(self, version: int) -> list[PolicyChange]:
+        """The changes applied so far whose version is above `version`, oldest first."""
+        with self._lock:
+            newer = []
+            for change in reversed(self._history):
+                if change.version <= version:
+                    break
+                newer.append(change)
+            return newer[::-1]
 
     def pending(self) -> list[PolicyChange]:
         with self._lock:

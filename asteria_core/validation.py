@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from asteria_core.fields import problems
+
 
 class ConfigError(ValueError):
     """A config value a user wrote is wrong; the message names the key and what is allowed."""
@@ -41,3 +43,10 @@ def finite_in(key: str, value: float, lo: float, hi: float, *, lo_open: bool = F
 
 def one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
     check(value in choices, key, value, " | ".join(choices))
+
+
+def check_settings(section: object, name: str) -> None:
+    """Each field of a config section within its setting (asteria_core/fields.py: kind,
+    bounds, choices, length); ConfigError naming the first that is not."""
+    for key, problem in problems(section):
+        raise ConfigError(f"{name}.{key}: {problem}")

@@ -33,6 +33,7 @@ from asteria_core.policy import PolicyError
 from asteria_core.runtime import Runtime
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
 from backend.auth import Throttled, TokenGuard, client_host, load_or_create_token
+from backend.config_schema import in_settings_words
 from backend.deps import require_token
 from backend.events import Broadcaster
 from backend.fastlane import LiveReadFastLane
@@ -149,7 +150,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        return ErrorResponse({"detail": err.errors()}, 422)
+        return ErrorResponse({"detail": in_settings_words(err.errors())}, 422)
 
     @app.exception_handler(RunNotFound)
     def not_found(_: Request, err: RunNotFound) -> JSONResponse:

@@ -1,19 +1,20 @@
 """The run config of `POST /runs` as pydantic models, derived from the config dataclasses.
 
-Sections are the fields of `RunConfig` (as `config_from_dict` reads them); each key's type and
-default come from its dataclass, its description from the attribute docstring written under it
-(`attribute_docs`, which `asteria keys` prints too). The models give the OpenAPI document every
-key and strict JSON types; the values themselves are still validated by `config_from_dict`
-(ConfigError -> 422 naming the key), which also refuses unknown keys, listing the allowed ones.
+Sections are the fields of `RunConfig` (as `config_from_dict` reads them); each key's type,
+bounds, choices, default and description come from its field's `Setting`
+(asteria_core/fields.py), the description `asteria keys` prints and the section validates with.
+The models give the OpenAPI document every key and strict JSON types; the values themselves are
+still validated by `config_from_dict` (ConfigError -> 422 naming the key), which also refuses
+unknown keys, listing the allowed ones, and checks what a schema cannot (a path exists, a CPU
+list names this machine's CPUs, n_head divides n_embd).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -28,9 +29,9 @@ from pydantic import (
 )
 from pydantic import create_model as pydantic_create_model
 
-from asteria_core.policy import Policy
+from asteria_core.fields import AUTO, Kind, Setting, settings_of
+from asteria_core.policy import Policy, policy_fields
 from asteria_core.train.config import RunConfig
-from asteria_core.train.config_docs import attribute_docs
 
 TEXT_RULE = "text without NUL bytes or lone surrogates"
 
@@ -55,32 +56,37 @@ Text = Annotated[StrictStr, AfterValidator(plain_text)]
 FiniteNumber = Annotated[float, Strict(), AllowInfNan(False)]
 """A strict JSON number that is finite: Python's json reads NaN, Infinity and 1e400 (inf)."""
 
-_STRICT = {bool: StrictBool, int: StrictInt, float: FiniteNumber, str: Text}
-"""JSON types as the config loader takes them: no "5" for 5, no true for 1; an integer is a
-number (strict floats accept ints); numbers finite, strings plain text."""
 
-
-def json_type(tp: Any) -> Any:
-    """The strict pydantic type for a config annotation (bool, int, float, str, tuples, unions)."""
-    if isinstance(tp, types.UnionType):
-        return typing.Union[tuple(json_type(a) for a in typing.get_args(tp))]  # noqa: UP007
-    if typing.get_origin(tp) is tuple:  # a JSON array: lax outer tuple, strict members
-        return tuple[tuple(json_type(a) for a in typing.get_args(tp))]
-    return _STRICT[tp]
+def setting_type(setting: Setting) -> Any:
+    """The strict pydantic type of one setting: no true for 1, no "5" for 5, numbers finite, no
+    NUL in a string; bounds, choices and lengths as the setting states them."""
+    low = min((setting.minimum, *setting.also)) if setting.minimum is not None else None
+    bounds = {"gt" if setting.lo_open and not setting.also else "ge": low,
+              "lt" if setting.hi_open else "le": setting.maximum}
+    match setting.kind:
+        case Kind.INT:
+            return Annotated[StrictInt, Field(**bounds)]
+        case Kind.AUTO_OR_INT:
+            return Literal[AUTO] | Annotated[StrictInt, Field(**bounds)]
+        case Kind.FLOAT:
+            return Annotated[FiniteNumber, Field(**bounds)]
+        case Kind.FLOAT_PAIR:  # a JSON array of two
+            number = Annotated[FiniteNumber, Field(**bounds)]
+            return tuple[number, number]
+        case Kind.CHOICE:
+            return Literal[setting.choices]
+        case Kind.BOOL:
+            return StrictBool
+        case Kind.STR:
+            return Annotated[Text, Field(min_length=setting.min_length or None,
+                                         max_length=setting.max_length)]
+    raise ValueError(f"{setting.name}: unknown setting kind {setting.kind!r}")
 
 
 def section_model(cls: type) -> type[BaseModel]:
     """Every key of one config section, optional (omitted keys take the default shown)."""
-    hints, docs = typing.get_type_hints(cls), attribute_docs(cls)
-    limits = getattr(cls, "LIMITS", {})  # integer bounds, some derived from the machine
-    choices = getattr(cls, "CHOICES", {})  # the values a key allows (validated by the section)
-    fields = {}
-    for f in dataclasses.fields(cls):
-        lo, hi = limits.get(f.name, (None, None))
-        enum = {"enum": list(choices[f.name])} if f.name in choices else None
-        fields[f.name] = (json_type(hints[f.name]), Field(default=f.default, ge=lo, le=hi,
-                                                          description=docs.get(f.name),
-                                                          json_schema_extra=enum))
+    fields = {s.name: (setting_type(s), Field(default=s.default, description=s.help))
+              for s in settings_of(cls)}
     # Unknown keys pass through to config_from_dict, whose 422 lists the allowed keys; the
     # document still says there are none.
     config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
@@ -91,14 +97,47 @@ def section_model(cls: type) -> type[BaseModel]:
 def run_config_model(policy_model: type[BaseModel]) -> type[BaseModel]:
     """The `config` of POST /runs: one optional object per section of `RunConfig`; the policy
     section takes `policy_model` (its fields are described by `Policy`, not by docstrings)."""
-    hints, docs = typing.get_type_hints(RunConfig), attribute_docs(RunConfig)
+    hints = typing.get_type_hints(RunConfig)
     sections = {}
     for f in dataclasses.fields(RunConfig):
         cls = hints[f.name]
         model = policy_model if cls is Policy else section_model(cls)
-        about = docs.get(f.name) or inspect.getdoc(cls)
+        about = inspect.getdoc(cls)
         sections[f.name] = (model, Field(default_factory=model, description=about))
     return pydantic_create_model(
         "RunConfigSections", __config__=ConfigDict(extra="forbid"),
         __doc__="Config sections as in a config file; omitted sections and keys take their "
                 "defaults.", **sections)
+
+
+def _setting_at(loc: tuple | list) -> tuple[str, Setting] | None:
+    """The setting a request error's location points at, with the key as a config file writes
+    it: ["body", "config", "optim", "lr"] -> optim.lr; ["body", "policy" | <a policy field>]."""
+    path = [p for p in loc[1:] if isinstance(p, str)] if loc and loc[0] == "body" else []
+    hints = typing.get_type_hints(RunConfig)
+    if len(path) >= 3 and path[0] == "config" and path[1] in hints:
+        section, key = path[1], path[2]
+        found = {s.name: s for s in settings_of(hints[section])}.get(key)
+        return (f"{section}.{key}", found) if found is not None else None
+    if path and path[0] == "policy":
+        path = path[1:]
+    if path:
+        found = {s.name: s for s in policy_fields()}.get(path[0])
+        return (path[0], found) if found is not None else None
+    return None
+
+
+def in_settings_words(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Request validation errors, each one about a setting's value given the message a config
+    file or the command line gets for it ("optim.lr: got -1; allowed: a number in (0.0, 10.0]"):
+    the key and the whole allowed range, where pydantic names one bound only."""
+    out = []
+    for error in errors:
+        at = _setting_at(error.get("loc", ()))
+        if at is not None and "input" in error:
+            key, setting = at
+            problem = setting.problem(error["input"])
+            if problem is not None:
+                error = {**error, "msg": f"{key}: {problem}"}
+        out.append(error)
+    return out

@@ -10,8 +10,11 @@ and user agent, reads `operator`). A GET that carries the token sees every field
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import PurePath
 from typing import Any
+
+from asteria_core.policy import PolicyChange
 
 PATH_KEYS = (("data", "corpus"), ("train", "resume"), ("train", "out_dir"),
              ("policy", "disk_dir"), ("telemetry", "rapl_root"))
@@ -39,8 +42,8 @@ def run(row: dict[str, Any]) -> dict[str, Any]:
             "error": error.split(":", 1)[0] if error else error}
 
 
-def change(values: dict[str, Any]) -> dict[str, Any]:
-    diff = values["diff"]
+def change(values: PolicyChange) -> PolicyChange:
+    diff = values.diff
     if "disk_dir" in diff:
-        diff = {**diff, "disk_dir": [_name(v) for v in diff["disk_dir"]]}
-    return {**values, "client": CLIENT, "diff": diff}
+        diff = {**diff, "disk_dir": tuple(_name(v) for v in diff["disk_dir"])}
+    return dataclasses.replace(values, client=CLIENT, diff=diff)

@@ -2,6 +2,10 @@
 polling clients read, and the events live clients follow. `RunManager` (backend/runs.py)
 decides which run is active; a `RunRecorder` writes down what that run does, whether the
 control plane launched it or a script attached it.
+
+Everything reaches it on the record path: each step record, and with it the policy changes
+applied since the last one (read from the run's `LivePolicy`, so nothing in the core calls back
+into the control plane when a change takes effect).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asteria_core.policy import LivePolicy, PolicyChange
+from asteria_core.policy import LivePolicy
 from asteria_core.telemetry.records import StepRecord
 from backend import public
 from backend.events import Broadcaster, Event
@@ -24,13 +28,17 @@ class RunRecorder:
     """Store, live view and events of one run (its methods run on the training thread, except
     `created`, called while the run is set up)."""
 
-    def __init__(self, run_id: str, store: RunStore, events: Broadcaster, window: int) -> None:
+    def __init__(self, run_id: str, policy: LivePolicy, store: RunStore, events: Broadcaster,
+                 window: int) -> None:
         self.run_id = run_id
+        self.policy = policy
         self.store = store
         self.events = events
         self.window = window
         self.live: LiveView | None = None
         """The run's row and newest steps, served to polling clients from memory."""
+        self._audited = policy.version
+        """The newest policy version whose change is in the audit as applied."""
 
     def created(self, **fields: Any) -> None:
         """The run's row exists in the store: the live view starts from it (`fields` update it:
@@ -43,14 +51,21 @@ class RunRecorder:
         self.store.add_step(self.run_id, record.step, text)
         self.live.add_step(record.step, text)
         self.events.publish(Event("step", self.run_id, text=text))
+        self.audit()
 
-    def policy_changed(self, policy: LivePolicy, change: PolicyChange) -> None:
-        """A change took effect at a step boundary: audit it and tell live clients."""
-        data = dataclasses.asdict(change)
-        self.store.add_policy_change(self.run_id, data)
-        self.store.set_policy(self.run_id, policy.current.to_dict(), change.version)
-        self.live.update(policy_version=change.version)
-        self.events.publish(Event("policy", self.run_id, public.change(data)))  # SSE is public
+    def audit(self) -> None:
+        """The changes that took effect since the last look (at a step boundary, before this
+        record completed): into the audit as applied, and to live clients."""
+        applied = self.policy.applied_after(self._audited)
+        if not applied:
+            return
+        for change in applied:
+            self.store.add_policy_change(self.run_id, change)
+            event = dataclasses.asdict(public.change(change))  # SSE is public
+            self.events.publish(Event("policy", self.run_id, event))
+        self._audited = applied[-1].version
+        self.store.set_policy(self.run_id, self.policy.current.to_dict(), self.policy.version)
+        self.live.update(policy_version=self.policy.version)
 
     def checkpointed(self, step: int) -> None:
         self.store.set_checkpoint(self.run_id, step)
@@ -63,7 +78,9 @@ class RunRecorder:
         self.events.publish(Event("status", self.run_id, {"status": status}))
 
     def ended(self, status: RunStatus, error: str | None = None) -> None:
-        """The run is no longer active (the manager forgets it after this)."""
+        """The run is no longer active (the manager forgets it after this); a change applied
+        at its last boundary is audited here, as no record follows it."""
+        self.audit()
         self.store.set_status(self.run_id, status, error=error)
 
     def announce_end(self, status: RunStatus, error: str | None = None) -> None:

@@ -8,13 +8,14 @@ follows it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from asteria_core.policy import AUTO, FieldKind, PolicyField, policy_fields
+from asteria_core.fields import Setting
+from asteria_core.policy import policy_fields
 from asteria_core.telemetry.records import StepRecord
-from backend.config_schema import Text, run_config_model
+from backend.config_schema import run_config_model, setting_type
 from backend.run_states import RunCommand, RunStatus
 
 CROSS_FIELD_RULES = ("swap_delay <= staleness_bound unless swap_delay is \"auto\"; "
@@ -26,29 +27,11 @@ NO_WORKERLESS_OPPORTUNISM = {
 other (swap_delay <= staleness_bound) compares two values, which it cannot."""
 
 
-def _policy_type(field: PolicyField) -> Any:
-    """The strict pydantic type of one policy field: no true for 1, no "5" for 5, no NUL in a
-    string."""
-    integer = Annotated[StrictInt, Field(ge=field.minimum, le=field.maximum)]
-    match field.kind:
-        case FieldKind.INT:
-            return integer
-        case FieldKind.AUTO_OR_INT:
-            return Literal[AUTO] | integer
-        case FieldKind.CHOICE:
-            return Literal[field.choices]
-        case FieldKind.BOOL:
-            return StrictBool
-        case FieldKind.STR:
-            return Annotated[Text, Field(max_length=field.max_length)]
-    raise ValueError(f"{field.name}: unknown policy field kind {field.kind!r}")
-
-
 def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)  # an omitted field keeps its value; it does not take null
 
 
-def policy_update_model(fields: Iterable[PolicyField] | None = None, *,
+def policy_update_model(fields: Iterable[Setting] | None = None, *,
                         name: str = "PolicyUpdate", patch: bool = True) -> type[BaseModel]:
     """A partial policy built from the policy's own field descriptions (`policy_fields()` by
     default): every field optional, typed strictly, unknown fields refused.
@@ -58,7 +41,7 @@ def policy_update_model(fields: Iterable[PolicyField] | None = None, *,
     """
     fields = policy_fields() if fields is None else tuple(fields)
     model_fields = {
-        f.name: (_policy_type(f), Field(
+        f.name: (setting_type(f), Field(
             default=None, title=f.title, description=f.help,
             json_schema_extra=_no_default if patch else {"default": f.default}))
         for f in fields}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asteria_core.policy import PolicyChange
 from backend.run_states import ACTIVE, RunStatus
 
 SCHEMA_VERSION = 1
@@ -214,16 +215,15 @@ class RunStore:
         self._put("UPDATE runs SET policy=?, policy_version=?, updated_at=? WHERE id=?",
                   (json.dumps(policy), version, time.time(), run_id))
 
-    def add_policy_change(self, run_id: str, change: dict[str, Any], *,
+    def add_policy_change(self, run_id: str, change: PolicyChange, *,
                           durable: bool = False) -> None:
         """Record a change (pending while applied_at is None); `durable` returns only once it
         is committed, raising StoreError if it could not be."""
         self._put("INSERT OR REPLACE INTO policy_changes (run_id, version, effective_step, diff, "
                   "client, requested_at, applied_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                  (run_id, change["version"], change["effective_step"],
-                   json.dumps(change["diff"]), change["client"], change["requested_at"],
-                   change["applied_at"]), checked=durable,
-                  what=f"policy version {change['version']} of run {run_id}")
+                  (run_id, change.version, change.effective_step, json.dumps(change.diff),
+                   change.client, change.requested_at, change.applied_at), checked=durable,
+                  what=f"policy version {change.version} of run {run_id}")
 
     def flush(self, timeout: float = 30.0) -> None:
         """Block until everything enqueued so far is committed (or failed)."""
@@ -320,11 +320,15 @@ class RunStore:
                               "LIMIT ?", (run_id, since, limit)).fetchall()
         return [json.loads(r["record"]) for r in rows]
 
-    def policy_changes(self, run_id: str) -> list[dict[str, Any]]:
+    def policy_changes(self, run_id: str) -> list[PolicyChange]:
+        """Every change of the run, by version (applied_at None: acknowledged, not applied)."""
         with self._db() as db:
             rows = db.execute("SELECT * FROM policy_changes WHERE run_id=? ORDER BY version",
                               (run_id,)).fetchall()
-        return [{**dict(r), "diff": json.loads(r["diff"])} for r in rows]
+        return [PolicyChange(version=r["version"], effective_step=r["effective_step"],
+                             diff={k: tuple(v) for k, v in json.loads(r["diff"]).items()},
+                             client=r["client"], requested_at=r["requested_at"],
+                             applied_at=r["applied_at"]) for r in rows]
 
 
 def _run_row(row: sqlite3.Row,

@@ -19,7 +19,8 @@ The rules:
   back (`import asteria_core`, `from asteria_core import X` where X is not a submodule).
 - the optimizer math (asteria_core.optim) imports no threading, multiprocessing or
   torch.distributed.
-- no import cycle between the top-level packages, and none between asteria_core's subpackages.
+- no import cycle between the top-level packages, none between asteria_core's subpackages, and
+  none between modules inside any package.
 
 A failure lists each offending edge as `path:line importer -> imported`. A cheap runtime probe
 checks the same direction on what importing each package really loads.
@@ -52,6 +53,7 @@ OPTIM_FORBIDDEN = ("threading", "multiprocessing", "torch.distributed")
 # asteria_core's layers, lowest first. Two units of one rank may not import each other.
 RANKS = {
     "asteria_core.machine": -1,  # the machine's cores and memory: the bounds everything obeys
+    "asteria_core.fields": -1,  # each setting described once: kind, bounds, help (no imports)
     "asteria_core.policy": 0,
     "asteria_core.optim": 0,
     "asteria_core.validation": 0,  # config checks shared by train's and telemetry's configs
@@ -294,9 +296,14 @@ def core_cycles(imports: list[Import]) -> Iterator[str]:
     yield from _cycle_edges(imports, lambda m: unit(m) if top(m) == CORE else None)
 
 
+def module_cycles(imports: list[Import]) -> Iterator[str]:
+    """Inside every package, module by module (a package's __init__ is a module too)."""
+    yield from _cycle_edges(imports, lambda m: m if top(m) in PACKAGES else None)
+
+
 RULES = {rule.__name__: rule for rule in (core_no_web, dashboard_over_http, bench_over_http,
                                           product_below_bench, core_layers, optim_math,
-                                          package_cycles, core_cycles)}
+                                          package_cycles, core_cycles, module_cycles)}
 
 
 def violations(imports: list[Import]) -> list[str]:
@@ -382,9 +389,13 @@ def test_a_function_level_import_up_the_layers_is_reported(tmp_path):
      "[product_below_bench] backend/x.py:2 backend.x -> asteria_bench (function)"),
     ({"dashboard/x.py": "import asteria.cli\n"},
      "[product_below_bench] dashboard/x.py:1 dashboard.x -> asteria.cli"),
+    ({"backend/a.py": "import backend.b\n",
+      "backend/b.py": "def f():\n    from backend.a import x\n"},
+     "[module_cycles] backend/a.py:1 backend.a -> backend.b: backend.a -> backend.b closes a "
+     "cycle"),
 ], ids=["function-web", "import_module", "relative-TYPE_CHECKING", "root", "unranked",
         "from-torch-import-distributed", "dashboard-torch", "package-cycle", "bench-backend",
-        "backend-bench", "dashboard-command"])
+        "backend-bench", "dashboard-command", "module-cycle"])
 def test_each_rule_reports_its_edges(tmp_path, files, expected):
     found = violations(collect_imports(tree(tmp_path, files)))
     assert any(expected in v for v in found), found

@@ -28,7 +28,8 @@ import asteria_core as asteria
 from asteria_bench.clocks import SwapClock
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
-from asteria_core.runtime import Runtime, decay_groups
+from asteria_core.runtime import Runtime, RuntimeConfig, decay_groups
+from asteria_core.runtime.hooks import TorchHooks
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.data import BatchLoader, encode, load_corpus, split_tokens
@@ -39,32 +40,58 @@ SIZES = {"quick": {"steps": 10, "rounds": 2}, "full": {"steps": 20, "rounds": 6}
 THREADS = 2
 
 
-ENTRY_POINTS = ("_before_forward", "_after_forward", "_before_optimizer", "_after_optimizer",
-                "end_step")
+class CpuCount:
+    """Thread CPU seconds inside the runtime's entry points (outermost calls only)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.depth = 0
+
+    def timed(self, fn, *args, **kwargs):
+        if self.depth:
+            return fn(*args, **kwargs)
+        self.depth += 1
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds += time.thread_time() - t0
+            self.depth -= 1
+
+
+def _timed(base: type, name: str):
+    def method(self, *args, **kwargs):
+        return self.cpu.timed(getattr(base, name), self, *args, **kwargs)
+    return method
+
+
+class TimedHooks(TorchHooks):
+    """The runtime's torch hooks, counted: what torch calls on every forward and step."""
+
+    @property
+    def cpu(self) -> CpuCount:
+        return self.events.cpu
+
+    for _name in ("before_forward", "after_forward", "before_optimizer", "after_optimizer"):
+        locals()[_name] = _timed(TorchHooks, _name)
+    del _name
 
 
 class TimedRuntime(Runtime):
-    """The real runtime, with the CPU of its entry points counted (outermost calls only)."""
+    """The real runtime, with the CPU of its entry points counted: the torch hooks (the step
+    boundary runs inside the optimizer's post hook) and the record's completion."""
 
-    cpu_seconds = 0.0
-    _depth = 0
+    hooks_type = TimedHooks
 
-    def _timed(name):  # noqa: N805 - builds the methods below
-        def method(self, *args, **kwargs):
-            if self._depth:
-                return getattr(Runtime, name)(self, *args, **kwargs)
-            self._depth += 1
-            t0 = time.thread_time()
-            try:
-                return getattr(Runtime, name)(self, *args, **kwargs)
-            finally:
-                self.cpu_seconds += time.thread_time() - t0
-                self._depth -= 1
-        return method
+    def __init__(self, *args, **kwargs) -> None:
+        self.cpu = CpuCount()
+        super().__init__(*args, **kwargs)
 
-    for _name in ENTRY_POINTS:
-        locals()[_name] = _timed(_name)
-    del _name, _timed
+    @property
+    def cpu_seconds(self) -> float:
+        return self.cpu.seconds
+
+    end_step = _timed(Runtime, "end_step")
 
 
 class Arm:
@@ -75,7 +102,8 @@ class Arm:
             self.opt = torch.optim.AdamW(decay_groups(model, 0.0), lr=lr, betas=(0.9, 0.95))
         else:
             self.opt = asteria.build_optimizer(name, decay_groups(model, 0.0), lr=lr)
-            self.runtime = TimedRuntime(self.opt, model=model, optimizer_name=name)
+            self.runtime = TimedRuntime(self.opt, model=model,
+                                        config=RuntimeConfig(optimizer_name=name))
             self.records: list[StepRecord] = []
             self.runtime.add_listener(self.records.append)
             self.swaps = SwapClock(self.opt)

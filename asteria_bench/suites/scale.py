@@ -47,12 +47,11 @@ from typing import Any
 import numpy as np
 
 from asteria_bench import turns
-from asteria_bench.clocks import SwapClock, peak_rss_bytes, reset_peak_rss
+from asteria_bench.clocks import SwapClock, peak_rss_bytes, reset_peak_rss, state_bytes
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 from asteria_bench.suites.scale_hf import hf_row
-from asteria_core.tiers.lifecycle import leaves
 from asteria_core.train.plan import predict_optimizer
 
 TITLE = "Scale: how each cost grows with the model"
@@ -64,7 +63,6 @@ BLOCK = 1024
 b^2, so splitting a 3072 (4 x 768) factor into three 1024 blocks cuts its refresh work 9x and its
 factor memory 3x, while 1024 still covers GPT-2 small's residual width whole (768) and keeps each
 block's refresh within an interval on one host core at the ladder's step times."""
-MOMENTS = ("exp_avg", "exp_avg_sq", "exp_avg_eigen")
 WARMUP_TURNS = 1
 """Turns left out of the step-time figures: the first, where every block's first basis is an
 eigendecomposition from scratch (no peer here compiles). Asteria swaps that round in over steps
@@ -152,16 +150,6 @@ def arms(rung: Rung | None = None, arrangement: str = "device-host") -> list[Arm
 
 
 # ------------------------------------------------------------------------------------ measuring
-def state_bytes(optimizer) -> dict[str, int]:
-    """Optimizer-state bytes by kind: moments, factors, bases, other."""
-    kinds = {"moments": 0, "factors": 0, "bases": 0, "other": 0}
-    for state in optimizer.state.values():
-        for path, t in leaves(state):
-            kind = "moments" if path[0] in MOMENTS else path[0] if path[0] in kinds else "other"
-            kinds[kind] += t.numel() * t.element_size()
-    return kinds
-
-
 def refresh_work(c: turns.Contender) -> tuple[float, int]:
     """(worker seconds, refreshes) the arm's engine has done so far; (0, 0) without one."""
     engine = c.trainer.runtime.refresh

@@ -28,7 +28,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from asteria_bench.clocks import peak_rss_bytes, reset_peak_rss  # noqa: E402
+from asteria_bench.clocks import peak_rss_bytes, reset_peak_rss, state_bytes  # noqa: E402
 from asteria_bench.options import BenchOptions  # noqa: E402
 from asteria_bench.results import percentile  # noqa: E402
 
@@ -108,7 +108,6 @@ def train_hf(shape: HFShape, out_dir: Path, *, device: str = "cpu",
     import transformers
 
     import asteria_core as asteria
-    from asteria_bench.suites.scale import state_bytes  # the suite's kinds (lazy: it loads us)
     from asteria_core.integrations import hf
     from asteria_core.train.data import embedded_corpus, encode
 

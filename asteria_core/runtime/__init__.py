@@ -4,7 +4,9 @@
     opt = asteria.optimizer(model, "soap", lr=3e-3, policy=asteria.Policy(staleness_bound=5))
 """
 
+from asteria_core.runtime.config import RuntimeConfig
 from asteria_core.runtime.factory import OPTIMIZERS, build_optimizer, decay_groups, optimizer
 from asteria_core.runtime.runtime import Runtime
 
-__all__ = ["OPTIMIZERS", "Runtime", "build_optimizer", "decay_groups", "optimizer"]
+__all__ = ["OPTIMIZERS", "Runtime", "RuntimeConfig", "build_optimizer", "decay_groups",
+           "optimizer"]

@@ -17,6 +17,7 @@ import torch
 
 from asteria_core.optim.registry import OPTIMIZERS, spec_of
 from asteria_core.policy import LivePolicy, Policy
+from asteria_core.runtime.config import RuntimeConfig
 from asteria_core.runtime.runtime import Runtime
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.reporter import RunReporter
@@ -54,7 +55,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     phases and its tokens, and the tier store what to prefetch), or an iterable of parameters or
     groups (then mark phases with `opt.runtime.phase(...)`). The refresh interval comes from the
     policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
-    class's own default) applies to matrices only when a module is given. See `Runtime` for
+    class's own default) applies to matrices only when a module is given. See `RuntimeConfig` for
     `telemetry`, `reporter`, `run_id`, `run_dir`, `records` and `coherence_threshold`.
     """
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
@@ -65,7 +66,8 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
         params, options["weight_decay"] = model, weight_decay
     opt = build_optimizer(name, params, lr=lr, refresh_interval=live.current.refresh_interval,
                           **options)
-    Runtime(opt, model=model if is_module else None, policy=live, telemetry=telemetry,
-            reporter=reporter, run_id=run_id, run_dir=run_dir, records=records,
-            optimizer_name=name, coherence_threshold=coherence_threshold)
+    Runtime(opt, model=model if is_module else None,
+            config=RuntimeConfig(policy=live, telemetry=telemetry, reporter=reporter,
+                                 run_id=run_id, run_dir=run_dir, records=records,
+                                 optimizer_name=name, coherence_threshold=coherence_threshold))
     return opt

@@ -1,7 +1,7 @@
 """`Telemetry`: the real `Reporter`, the run's metrics and energy meters.
 
     runtime = asteria.optimizer(model, "soap").runtime  # builds Telemetry unless disabled
-    telemetry = runtime.telemetry                       # or Runtime(..., reporter=Telemetry(...))
+    telemetry = runtime.telemetry                   # or RuntimeConfig(reporter=Telemetry(...))
     telemetry.serve("127.0.0.1", 9400)              # optional: /metrics on its own
     body, content_type = telemetry.exposition()     # or render it for the control plane
 

@@ -14,17 +14,24 @@ import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar
 
+from asteria_core.fields import Kind, choice, setting
 from asteria_core.machine import MACHINE
 from asteria_core.optim.registry import OPTIMIZERS, spec_of
 from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap
 from asteria_core.policy import OffloadMode, Policy
 from asteria_core.telemetry.config import TelemetryConfig
-from asteria_core.validation import ConfigError, check, finite_in, int_in, one_of
+from asteria_core.validation import ConfigError, check, check_settings
 
 MAX_STEPS = 10**9
 """Steps and step intervals: far beyond any run, and well inside the run store's integers."""
+PATH_CHARS = 4096
+"""The longest path a config names (Linux's PATH_MAX)."""
+CPU_LIST_CHARS = 1024
+CPU_LIST_RULE = "a CPU list such as '0' or '0-3,6' of CPUs this machine has, or empty"
+# The corpora built in beside the default (asteria_core/train/data.py's NAMED_CORPORA): a name
+# here is taken where no such path exists.
+BUILTIN_CORPORA = ("python-source",)
 CORPUS_BYTES_PER_BYTE = 12
 """Peak memory per corpus byte while it becomes tokens (text, its UTF-8 bytes, int64 ids)."""
 
@@ -34,18 +41,9 @@ def max_corpus_bytes() -> int:
     return MACHINE.memory_budget // CORPUS_BYTES_PER_BYTE
 
 
-def check_limits(section: object, name: str) -> None:
-    """Each integer key in `LIMITS` of a config section within its [low, high], and each key in
-    `CHOICES` one of its values (the OpenAPI document lists them as the key's enum)."""
-    for key, (lo, hi) in type(section).LIMITS.items():
-        int_in(f"{name}.{key}", getattr(section, key), lo, hi)
-    for key, allowed in getattr(type(section), "CHOICES", {}).items():
-        one_of(f"{name}.{key}", getattr(section, key), allowed)
-
-
 def parse_cpu_list(key: str, text: str) -> frozenset[int]:
     """A Linux CPU list such as "0-3,6" as a set of CPU ids; ConfigError naming `key` if bad."""
-    allowed = "a CPU list such as '0' or '0-3,6' of CPUs this machine has, or empty"
+    allowed = CPU_LIST_RULE
     cpus: set[int] = set()
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
@@ -60,105 +58,90 @@ def parse_cpu_list(key: str, text: str) -> frozenset[int]:
 class ModelConfig:
     """Decoder-only GPT (pre-LayerNorm). The default is about 1M parameters."""
 
-    n_layer: int = 5
-    """Transformer blocks."""
-    n_head: int = 4
-    """Attention heads; must divide n_embd."""
-    n_embd: int = 128
-    """Width of the residual stream."""
-    block_size: int = 128
-    """Context length in tokens (bytes)."""
-    vocab_size: int = 256
-    """Byte-level vocabulary: 256 for the built-in tokenizer."""
-    dropout: float = 0.0
-    """Dropout probability in attention and MLP."""
-    bias: bool = False
-    """Bias terms in Linear and LayerNorm layers."""
-    tie_weights: bool = True
-    """Share the token embedding with the output head."""
-
     # Each size on its own; together with the batch they must fit the memory (RunConfig).
-    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
-        "n_layer": (1, 1024), "n_head": (1, 1024), "n_embd": (1, 65536),
-        "block_size": (1, 65536), "vocab_size": (256, 1 << 20)}  # at least the bytes
+    n_layer: int = setting(5, Kind.INT, "Transformer blocks.", minimum=1, maximum=1024)
+    n_head: int = setting(4, Kind.INT, "Attention heads; must divide n_embd.", minimum=1,
+                          maximum=1024)
+    n_embd: int = setting(128, Kind.INT, "Width of the residual stream.", minimum=1,
+                          maximum=65536)
+    block_size: int = setting(128, Kind.INT, "Context length in tokens (bytes).", minimum=1,
+                              maximum=65536)
+    vocab_size: int = setting(256, Kind.INT,
+                              "Byte-level vocabulary: 256 for the built-in tokenizer.",
+                              minimum=256, maximum=1 << 20)  # at least the bytes
+    dropout: float = setting(0.0, Kind.FLOAT, "Dropout probability in attention and MLP.",
+                             minimum=0.0, maximum=1.0, hi_open=True)
+    bias: bool = setting(False, Kind.BOOL, "Bias terms in Linear and LayerNorm layers.")
+    tie_weights: bool = setting(True, Kind.BOOL, "Share the token embedding with the output head.")
 
     def __post_init__(self) -> None:
-        check_limits(self, "model")
+        check_settings(self, "model")
         check(self.n_embd % self.n_head == 0, "model.n_head", self.n_head,
                f"a divisor of model.n_embd ({self.n_embd})")
-        finite_in("model.dropout", self.dropout, 0.0, 1.0, hi_open=True)
 
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
     """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW."""
 
-    name: str = "adamw"
-    """One of adamw | soap | shampoo | kl_shampoo."""
-    lr: float = 3e-3
-    """Peak learning rate."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """First and second moment decay rates."""
-    eps: float = 1e-8
-    """Denominator epsilon."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay, applied to matrices only (not to gains, biases)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value; 0 disables clipping."""
-    warmup_steps: int = 50
-    """Linear warmup from 0 to lr over this many steps."""
-    min_lr_ratio: float = 0.1
-    """Cosine decay ends at lr * min_lr_ratio at the last step."""
-    shampoo_beta: float = -1.0
-    """Factor EMA decay; -1 means use betas[1] (the SOAP reference's rule)."""
-    max_precond_dim: int = 10000
-    """Dimensions larger than this are not preconditioned (identity), as in the SOAP reference."""
-    precond_block_size: int = 1024
-    """Largest factor side; larger dimensions are split into blocks of this size."""
-    refresh_method: str = "power_qr"
-    """SOAP/KL-Shampoo basis refresh: power_qr (the references: one power step + QR) | eigh."""
-    moment_swap: str = "reference"
-    """Second moment at a basis swap: reference (permute, as SOAP does) | transport."""
-
-    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
-        "warmup_steps": (0, MAX_STEPS), "max_precond_dim": (1, 65536),
-        "precond_block_size": (1, 65536)}
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "name": OPTIMIZERS, "refresh_method": tuple(m.value for m in BASIS_REFRESHES),
-        "moment_swap": tuple(m.value for m in MomentSwap)}
+    name: str = setting("adamw", Kind.CHOICE, "The optimizer.", choices=OPTIMIZERS)
+    lr: float = setting(3e-3, Kind.FLOAT, "Peak learning rate.", minimum=0.0, maximum=10.0,
+                        lo_open=True)
+    betas: tuple[float, float] = setting((0.9, 0.95), Kind.FLOAT_PAIR,
+                                         "First and second moment decay rates.", minimum=0.0,
+                                         maximum=1.0, hi_open=True)
+    eps: float = setting(1e-8, Kind.FLOAT, "Denominator epsilon.", minimum=0.0, maximum=1.0,
+                         lo_open=True)
+    weight_decay: float = setting(
+        0.1, Kind.FLOAT, "Decoupled weight decay, applied to matrices only (not to gains, "
+        "biases).", minimum=0.0, maximum=10.0)
+    grad_clip: float = setting(
+        1.0, Kind.FLOAT, "Clip the global gradient norm to this value; 0 disables clipping.",
+        minimum=0.0, maximum=1e6)
+    warmup_steps: int = setting(50, Kind.INT, "Linear warmup from 0 to lr over this many steps.",
+                                minimum=0, maximum=MAX_STEPS)
+    min_lr_ratio: float = setting(
+        0.1, Kind.FLOAT, "Cosine decay ends at lr * min_lr_ratio at the last step.",
+        minimum=0.0, maximum=1.0)
+    shampoo_beta: float = setting(
+        -1.0, Kind.FLOAT, "Factor EMA decay; -1 means use betas[1] (the SOAP reference's rule).",
+        minimum=0.0, maximum=1.0, hi_open=True, also=(-1.0,),
+        words="-1 (use betas[1]) or a number in [0, 1)")
+    max_precond_dim: int = setting(
+        10000, Kind.INT, "Dimensions larger than this are not preconditioned (identity), as in "
+        "the SOAP reference.", minimum=1, maximum=65536)
+    precond_block_size: int = setting(
+        1024, Kind.INT, "Largest factor side; larger dimensions are split into blocks of this "
+        "size.", minimum=1, maximum=65536)
+    refresh_method: str = setting(
+        "power_qr", Kind.CHOICE, "SOAP/KL-Shampoo basis refresh: power_qr (the references: one "
+        "power step + QR) | eigh.", choices=tuple(m.value for m in BASIS_REFRESHES))
+    moment_swap: str = choice(
+        MomentSwap.REFERENCE, "Second moment at a basis swap: reference (permute, as SOAP does) "
+        "| transport.")
 
     def __post_init__(self) -> None:
-        finite_in("optim.lr", self.lr, 0.0, 10.0, lo_open=True)
-        check(isinstance(self.betas, tuple) and len(self.betas) == 2, "optim.betas",
-               self.betas, "two numbers in [0, 1)")
-        for i, beta in enumerate(self.betas):
-            finite_in(f"optim.betas[{i}]", beta, 0.0, 1.0, hi_open=True)
-        finite_in("optim.eps", self.eps, 0.0, 1.0, lo_open=True)
-        finite_in("optim.weight_decay", self.weight_decay, 0.0, 10.0)
-        finite_in("optim.grad_clip", self.grad_clip, 0.0, 1e6)
-        finite_in("optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        check(self.shampoo_beta == -1.0 or 0.0 <= self.shampoo_beta < 1.0,
-               "optim.shampoo_beta", self.shampoo_beta, "-1 (use betas[1]) or a number in [0, 1)")
-        check_limits(self, "optim")
+        check_settings(self, "optim")
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     """Corpus and batches. The embedded default needs no network."""
 
-    corpus: str = ""
-    """A text file or a folder of text files; empty means the embedded default corpus
-    (the English documentation text that ships inside CPython: pydoc_data.topics);
-    "python-source" is the second built-in one (15 CPython stdlib modules' source)."""
-    val_fraction: float = 0.1
-    """Share of the corpus held out for validation (the tail, so the split is deterministic)."""
-    batch_size: int = 16
-    """Sequences per step."""
-
-    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {"batch_size": (1, 65536)}
+    corpus: str = setting(
+        "", Kind.STR, "A text file or a folder of text files; empty means the embedded default "
+        "corpus (the English documentation text that ships inside CPython: pydoc_data.topics); "
+        '"python-source" is the second built-in one (15 CPython stdlib modules\' source).',
+        max_length=PATH_CHARS, words="an existing text file or folder, empty for the embedded "
+        f"corpus, or a built-in one: {', '.join(BUILTIN_CORPORA)} (at most {PATH_CHARS} "
+        "characters)")
+    val_fraction: float = setting(
+        0.1, Kind.FLOAT, "Share of the corpus held out for validation (the tail, so the split is "
+        "deterministic).", minimum=0.0, maximum=0.5, lo_open=True)
+    batch_size: int = setting(16, Kind.INT, "Sequences per step.", minimum=1, maximum=65536)
 
     def __post_init__(self) -> None:
-        check(isinstance(self.corpus, str), "data.corpus", self.corpus, "a path (string)")
+        check_settings(self, "data")
         if self.corpus and self.corpus not in BUILTIN_CORPORA and \
                 not Path(self.corpus).expanduser().exists():
             raise ConfigError(f"data.corpus: path {self.corpus!r} does not exist; allowed: an "
@@ -169,8 +152,6 @@ class DataConfig:
             raise ConfigError(f"data.corpus: {self.corpus!r} has {root.stat().st_size} bytes; "
                               f"allowed: at most {max_corpus_bytes()} on this machine "
                               f"({MACHINE.describe()})")
-        finite_in("data.val_fraction", self.val_fraction, 0.0, 0.5, lo_open=True)
-        check_limits(self, "data")
 
 
 class Device(StrEnum):
@@ -183,56 +164,52 @@ class Device(StrEnum):
 
 RESUME_AUTO = "auto"
 """train.resume's word for "the newest checkpoint in out_dir, else a fresh start"."""
-# The corpora built in beside the default (asteria_core/train/data.py's NAMED_CORPORA): a name
-# here is taken where no such path exists.
-BUILTIN_CORPORA = ("python-source",)
 
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """The schedule of one run: steps, evaluation, checkpoints, seeds, device."""
 
-    steps: int = 500
-    """Optimizer steps in the run."""
-    eval_interval: int = 100
-    """Evaluate validation loss every this many steps (and at the last step)."""
-    eval_batches: int = 20
-    """Validation batches per evaluation."""
-    log_interval: int = 10
-    """Refresh the progress line every this many steps."""
-    seed: int = 1337
-    """Seeds torch, Python and the data order."""
-    device: str = "auto"
-    """auto (CUDA when present) | cpu | cuda."""
-    autocast_bf16: bool = True
-    """bf16 autocast on CUDA; ignored on CPU."""
-    out_dir: str = "runs"
-    """Folder for checkpoints and step records (a sub-folder per run)."""
-    checkpoint_interval: int = 0
-    """Write a checkpoint every this many steps; 0 means only at the end."""
-    resume: str = ""
-    """Path of a checkpoint to resume from (in a data-parallel run rank 0's, in the run folder:
-    rank r reads rank<r>/ beside it); "auto": the newest checkpoint in out_dir, so launching the
-    same command again resumes (a fresh start when there is none); empty starts fresh."""
-    threads: int = 0
-    """torch intra-op threads for training; 0 keeps torch's default."""
-    cpus: str = ""
-    """CPUs the training thread runs on, as a Linux CPU list ("0-3,6"); threads it starts later
-    (intra-op pool, refresh workers) inherit them. Empty lets the OS schedule it anywhere. Pinning
-    keeps the control plane's threads off the training cores. Linux only."""
-    worker_cpus: str = ""
-    """CPUs the refresh workers run on (threads, processes and their helper threads), as a
-    Linux CPU list ("2-7"): on a GPU host, the cores that do not feed the device. Empty: those
-    of the training thread (`train.cpus`). Linux only."""
-
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"device": tuple(d.value for d in Device)}
-    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
-        "steps": (1, MAX_STEPS), "eval_interval": (1, MAX_STEPS), "eval_batches": (1, 100_000),
-        "log_interval": (1, MAX_STEPS), "seed": (0, 2**32 - 1),  # numpy seeds are 32-bit
-        "checkpoint_interval": (0, MAX_STEPS), "threads": (0, MACHINE.max_threads)}
+    steps: int = setting(500, Kind.INT, "Optimizer steps in the run.", minimum=1,
+                         maximum=MAX_STEPS)
+    eval_interval: int = setting(
+        100, Kind.INT, "Evaluate validation loss every this many steps (and at the last step).",
+        minimum=1, maximum=MAX_STEPS)
+    eval_batches: int = setting(20, Kind.INT, "Validation batches per evaluation.", minimum=1,
+                                maximum=100_000)
+    log_interval: int = setting(10, Kind.INT, "Refresh the progress line every this many steps.",
+                                minimum=1, maximum=MAX_STEPS)
+    seed: int = setting(1337, Kind.INT, "Seeds torch, Python and the data order.", minimum=0,
+                        maximum=2**32 - 1)  # numpy seeds are 32-bit
+    device: str = choice(Device.AUTO, "auto (CUDA when present) | cpu | cuda.")
+    autocast_bf16: bool = setting(True, Kind.BOOL, "bf16 autocast on CUDA; ignored on CPU.")
+    out_dir: str = setting(
+        "runs", Kind.STR, "Folder for checkpoints and step records (a sub-folder per run).",
+        max_length=PATH_CHARS)
+    checkpoint_interval: int = setting(
+        0, Kind.INT, "Write a checkpoint every this many steps; 0 means only at the end.",
+        minimum=0, maximum=MAX_STEPS)
+    resume: str = setting(
+        "", Kind.STR, "Path of a checkpoint to resume from (in a data-parallel run rank 0's, in "
+        'the run folder: rank r reads rank<r>/ beside it); "auto": the newest checkpoint in '
+        "out_dir, so launching the same command again resumes (a fresh start when there is "
+        "none); empty starts fresh.", max_length=PATH_CHARS,
+        words=f"an existing checkpoint file, auto, or empty (at most {PATH_CHARS} characters)")
+    threads: int = setting(0, Kind.INT, "torch intra-op threads for training; 0 keeps torch's "
+                           "default.", minimum=0, maximum=MACHINE.max_threads)
+    cpus: str = setting(
+        "", Kind.STR, 'CPUs the training thread runs on, as a Linux CPU list ("0-3,6"); threads '
+        "it starts later (intra-op pool, refresh workers) inherit them. Empty lets the OS "
+        "schedule it anywhere. Pinning keeps the control plane's threads off the training "
+        "cores. Linux only.", max_length=CPU_LIST_CHARS, words=CPU_LIST_RULE)
+    worker_cpus: str = setting(
+        "", Kind.STR, "CPUs the refresh workers run on (threads, processes and their helper "
+        'threads), as a Linux CPU list ("2-7"): on a GPU host, the cores that do not feed the '
+        "device. Empty: those of the training thread (`train.cpus`). Linux only.",
+        max_length=CPU_LIST_CHARS, words=CPU_LIST_RULE)
 
     def __post_init__(self) -> None:
-        check_limits(self, "train")
+        check_settings(self, "train")
         for key in ("cpus", "worker_cpus"):
             if getattr(self, key):
                 check(sys.platform.startswith("linux"), f"train.{key}", getattr(self, key),

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from asteria_core.machine import memory_limit, memory_shortfall
 from asteria_core.policy import LivePolicy, Policy
+from asteria_core.runtime.config import RuntimeConfig
 from asteria_core.runtime.runtime import Runtime, new_run_id
 from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.records import StepRecord
@@ -165,14 +166,14 @@ class Trainer:
                                          config.train.steps, config.optim.min_lr_ratio)
         if ranks.parallel:  # its gloo group before the runtime's, in one order on every rank
             self._vote = StopVote()
-        self.runtime = Runtime(
-            self.optimizer, model=self.model, policy=self.policy, telemetry=config.telemetry,
-            reporter=reporter, run_id=self.run_id, run_dir=self.rank_dir,
+        self.runtime = Runtime(self.optimizer, model=self.model, config=RuntimeConfig(
+            policy=self.policy, telemetry=config.telemetry, reporter=reporter,
+            run_id=self.run_id, run_dir=self.rank_dir,
             records=records if jsonl and ranks.main else None,
             optimizer_name=config.optim.name,
             start_step=int(resume["step"]) if resume is not None else 0,
             worker_cpus=parse_cpu_list("train.worker_cpus", config.train.worker_cpus)
-            if config.train.worker_cpus else None)
+            if config.train.worker_cpus else None))
         self._check_memory()
         self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from fastapi import APIRouter, HTTPException, status
 
+from asteria_core.policy import PolicyChange
 from backend import paths, public
 from backend.deps import Client, Manager, Reader, RunIdPath, SettingsDep
 from backend.schemas import PolicyAccepted, PolicyChangePublic, PolicyPublic, PolicyUpdate
@@ -16,10 +15,9 @@ router = APIRouter(prefix="/runs/{run_id}/policy", tags=["policy"])
 @router.get("", responses={404: {"description": "no such run"}})
 def get_policy(run_id: RunIdPath, manager: Manager, reader: Reader) -> PolicyPublic:
     policy, version, pending = manager.policy(run_id)
-    changes = [dataclasses.asdict(c) for c in pending]
     if not reader:  # paths and who asked are for token holders (public.py)
-        policy, changes = public.policy(policy), [public.change(c) for c in changes]
-    return PolicyPublic(version=version, policy=policy, pending=[_public(c) for c in changes])
+        policy, pending = public.policy(policy), [public.change(c) for c in pending]
+    return PolicyPublic(version=version, policy=policy, pending=[_public(c) for c in pending])
 
 
 @router.patch("", responses={404: {"description": "no such run"},
@@ -44,12 +42,12 @@ def policy_history(run_id: RunIdPath, manager: Manager, reader: Reader) -> list[
     """Every change, including one acknowledged but not yet in force (applied_at null); the
     client that asked is shown to token holders only."""
     manager.get(run_id)
-    rows = manager.store.policy_changes(run_id)
-    return [_public(row if reader else public.change(row)) for row in rows]
+    changes = manager.store.policy_changes(run_id)
+    return [_public(change if reader else public.change(change)) for change in changes]
 
 
-def _public(change: dict) -> PolicyChangePublic:
+def _public(change: PolicyChange) -> PolicyChangePublic:
     return PolicyChangePublic(
-        version=change["version"], effective_step=change["effective_step"],
-        diff={k: list(v) for k, v in change["diff"].items()}, client=change["client"],
-        requested_at=change["requested_at"], applied_at=change["applied_at"])
+        version=change.version, effective_step=change.effective_step,
+        diff={k: list(v) for k, v in change.diff.items()}, client=change.client,
+        requested_at=change.requested_at, applied_at=change.applied_at)

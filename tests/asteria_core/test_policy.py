@@ -4,14 +4,8 @@ import threading
 import pytest
 
 import asteria_core.policy as policy_module
-from asteria_core.policy import (
-    FIELDS,
-    LivePolicy,
-    Policy,
-    PolicyError,
-    PolicyField,
-    policy_fields,
-)
+from asteria_core.fields import Setting
+from asteria_core.policy import FIELDS, LivePolicy, Policy, PolicyError, policy_fields
 
 
 def test_defaults_are_valid_and_serialisable():
@@ -70,12 +64,11 @@ def test_change_is_versioned_and_applied_at_the_next_boundary():
     assert change.version == 2 and change.effective_step == 6
     assert change.diff == {"staleness_bound": (10, 3), "swap_delay": ("auto", 1)}
     assert live.current.staleness_bound == 10  # not before the boundary
-    seen = []
-    live.add_listener(seen.append)
     applied = live.apply_pending(5)
     assert [c.version for c in applied] == [2] and applied[0].effective_step == 6
     assert live.current.staleness_bound == 3 and live.version == 2
-    assert seen == applied and live.history() == applied
+    assert live.history() == applied == live.applied_after(1)
+    assert live.applied_after(2) == []
 
 
 def test_changes_queued_together_build_on_each_other():
@@ -114,7 +107,7 @@ def test_concurrent_proposals_get_distinct_versions():
     assert sorted(versions) == list(range(2, 22)) and live.version == 21
 
 
-def _bad_values(field: PolicyField) -> list:
+def _bad_values(field: Setting) -> list:
     """Values each kind must refuse: out of range, the wrong JSON type, bool for int."""
     match field.kind:
         case "int" | "auto_or_int":
@@ -151,3 +144,20 @@ def test_a_field_added_to_a_subclass_is_described_and_validated():
     assert (described["prefetch"].minimum, described["prefetch"].maximum) == (0, 8)
     with pytest.raises(PolicyError, match=r"prefetch: got 9; allowed: an integer in \[0, 8\]"):
         Wider(prefetch=9)
+
+
+def test_a_change_held_by_proposing_is_queued_only_if_the_block_ends_cleanly():
+    """The control plane stores a change inside `proposing`: a store that fails leaves nothing
+    queued (and the version free); one that succeeds queues exactly the change it stored."""
+    live = LivePolicy(Policy())
+    with pytest.raises(OSError, match="disk full"), \
+            live.proposing({"staleness_bound": 3}, client="op") as change:
+        assert change.version == 2  # held: not yet queued
+        raise OSError("disk full")
+    assert live.pending() == [] and live.apply_pending(1) == []
+    assert live.current.staleness_bound == 10
+    with live.proposing({"staleness_bound": 4}, client="op") as stored:
+        pass
+    assert live.pending() == [stored] and stored.version == 2
+    [applied] = live.apply_pending(2)
+    assert applied.version == 2 and live.current.staleness_bound == 4

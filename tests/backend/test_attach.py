@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import runpy
 import threading
 import time
@@ -94,8 +93,8 @@ def test_plain_loop_serves_metrics_and_applies_a_policy_patch_at_the_reported_st
             assert s["refresh"]["staleness_max"] <= bound, s["step"]
             assert set(s["timing"]["idle_seconds"]) >= {"refresh_wait", "other"}
         [change] = store.policy_changes(run_id)
-        assert change["version"] == 2 and change["effective_step"] == effective
-        assert json.loads(json.dumps(change["diff"]))["staleness_bound"] == [5, 2]
+        assert change.version == 2 and change.effective_step == effective
+        assert change.diff["staleness_bound"] == (5, 2) and change.applied_at is not None
     finally:
         store.close()
 

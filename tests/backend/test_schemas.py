@@ -7,9 +7,9 @@ import typing
 import pytest
 from pydantic import ValidationError
 
+from asteria_core.fields import settings_of
 from asteria_core.policy import Policy, policy_fields
 from asteria_core.train.config import RunConfig
-from asteria_core.train.config_docs import attribute_docs
 from backend.app import create_app
 from backend.schemas import PolicyUpdate, RunCreate
 from backend.settings import Settings
@@ -60,15 +60,22 @@ def test_every_config_key_of_every_section_is_documented(schemas):
         section = schemas[sections[name]["$ref"].rsplit("/", 1)[-1]]
         assert section["description"] == cls.__doc__
         assert section["additionalProperties"] is False
-        docs = attribute_docs(cls)
         keys = [f.name for f in dataclasses.fields(cls)]
-        assert list(section["properties"]) == keys and set(docs) == set(keys)
-        for key in keys:
-            prop = section["properties"][key]
-            assert prop["description"] == docs[key] and len(docs[key]) > 10, (name, key)
-            assert "default" in prop, (name, key)
+        assert list(section["properties"]) == keys
+        for setting in settings_of(cls):
+            prop = section["properties"][setting.name]
+            key = (name, setting.name)
+            assert prop["description"] == setting.help and len(setting.help) > 10, key
+            assert prop["default"] == (list(setting.default) if isinstance(setting.default, tuple)
+                                       else setting.default), (name, setting.name)
+            if setting.kind == "int":  # the bounds the section validates with
+                assert (prop["minimum"], prop["maximum"]) == (setting.minimum, setting.maximum)
+            if setting.kind == "choice":
+                assert prop["enum"] == list(setting.choices)
     optim = schemas["OptimConfig"]["properties"]
     assert optim["lr"]["type"] == "number" and optim["betas"]["type"] == "array"
+    assert (optim["lr"]["exclusiveMinimum"], optim["lr"]["maximum"]) == (0.0, 10.0)
+    assert optim["shampoo_beta"]["minimum"] == -1.0  # -1: use betas[1]
     assert schemas["TrainConfig"]["properties"]["steps"]["type"] == "integer"
     assert "Linux CPU list" in schemas["TrainConfig"]["properties"]["cpus"]["description"]
 
@@ -97,10 +104,12 @@ def test_config_types_are_strict(config, loc):
 
 
 def test_config_takes_what_a_config_file_takes():
-    body = RunCreate.model_validate({"config": {"optim": {"lr": 1, "betas": [0.9, 1]},
+    body = RunCreate.model_validate({"config": {"optim": {"lr": 1, "betas": [0, 0.95]},
                                                 "policy": {"swap_delay": "auto"}}})
     assert body.config.model_dump(exclude_unset=True) == {
-        "optim": {"lr": 1.0, "betas": (0.9, 1.0)}, "policy": {"swap_delay": "auto"}}
+        "optim": {"lr": 1.0, "betas": (0.0, 0.95)}, "policy": {"swap_delay": "auto"}}
+    with pytest.raises(ValidationError, match="less than 1"):  # the setting's bounds
+        RunCreate.model_validate({"config": {"optim": {"betas": [0.9, 1]}}})
     # unknown keys reach config_from_dict, whose 422 names the key and lists the allowed ones
     body = RunCreate.model_validate({"config": {"optim": {"lrr": 1}}})
     assert body.config.model_dump(exclude_unset=True) == {"optim": {"lrr": 1}}

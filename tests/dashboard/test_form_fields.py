@@ -67,8 +67,8 @@ def test_an_unknown_schema_gives_no_fields_and_odd_types_give_text():
 
 
 def test_the_start_form_offers_the_optimizers_the_api_lists():
-    """The run form's optimizers come from the API's schema (the config section's CHOICES as
-    the key's enum): the core's registry, not a list copied into the dashboard."""
+    """The run form's optimizers come from the API's schema (the key's setting's choices as its
+    enum): the core's registry, not a list copied into the dashboard."""
     from asteria_core.optim.registry import OPTIMIZERS
     from dashboard.components import config_choices
 

@@ -107,11 +107,10 @@ def main() -> None:
         live = state["runtime"]["policy"]
         policy = asteria.LivePolicy(asteria.Policy(**live["current"]), version=live["version"],
                                     start_step=start)
-    runtime = asteria.Runtime(opt, model=model, policy=policy, refresh_fn=fn, start_step=start,
-                              coherence_threshold=args.coherence,
-                              telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
-                              run_id=f"ddp-rank{rank}",
-                              distributed=False if args.every_rank_refreshes else None)
+    runtime = asteria.Runtime(opt, model=model, config=asteria.RuntimeConfig(
+        policy=policy, refresh_fn=fn, start_step=start, coherence_threshold=args.coherence,
+        telemetry=asteria.TelemetryConfig(nvml=False, rapl=False), run_id=f"ddp-rank{rank}",
+        distributed=False if args.every_rank_refreshes else None))
     records = []
     runtime.add_listener(records.append)
     metrics_port = None

@@ -111,9 +111,9 @@ def main() -> None:
         live = state["runtime"]["policy"]
         policy = asteria.LivePolicy(asteria.Policy(**live["current"]), version=live["version"],
                                     start_step=start)
-    runtime = asteria.Runtime(opt, model=model, policy=policy, start_step=start,
-                              telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
-                              run_id=f"fsdp-rank{rank}")
+    runtime = asteria.Runtime(opt, model=model, config=asteria.RuntimeConfig(
+        policy=policy, start_step=start,
+        telemetry=asteria.TelemetryConfig(nvml=False, rapl=False), run_id=f"fsdp-rank{rank}"))
     records = []
     runtime.add_listener(records.append)
     share = GLOBAL_BATCH // world

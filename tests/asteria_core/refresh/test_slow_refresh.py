@@ -22,7 +22,7 @@ from asteria_core.optim import SOAP
 from asteria_core.optim.seam import BlockKey, refresh_fn
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine
-from asteria_core.runtime import Runtime
+from asteria_core.runtime import Runtime, RuntimeConfig
 from asteria_core.telemetry.reporter import NullReporter
 from tests.asteria_core.refresh.faults import SlowRefresh
 
@@ -40,9 +40,9 @@ def _train(tmp_path, **policy):
     target = torch.randn(8, 3, generator=g)
     records = []
     # A refresh sleeps 40 ms, many steps of this model: the worker can never keep up.
-    runtime = Runtime(opt, model=model, run_dir=tmp_path, refresh_fn=SlowRefresh(0.04),
-                      policy=Policy(refresh_interval=1, staleness_bound=BOUND, workers=1,
-                                    **policy))
+    runtime = Runtime(opt, model=model, config=RuntimeConfig(
+        run_dir=tmp_path, refresh_fn=SlowRefresh(0.04),
+        policy=Policy(refresh_interval=1, staleness_bound=BOUND, workers=1, **policy)))
     runtime.add_listener(records.append)
     blocks = len(opt.refresh_blocks())
     with runtime:
@@ -80,10 +80,10 @@ def test_coalesced_refreshes_are_fewer_and_the_run_still_learns(tmp_path):
     torch.manual_seed(0)
     model = nn.Linear(8, 6)
     opt = SOAP(model.parameters(), lr=1e-2)
-    runtime = Runtime(opt, model=model, run_dir=tmp_path, reporter=NullReporter(),
-                      refresh_fn=SlowRefresh(0.03),
-                      policy=Policy(refresh_interval=1, staleness_bound=BOUND, workers=1,
-                                    swap_mode="opportunistic"))
+    runtime = Runtime(opt, model=model, config=RuntimeConfig(
+        run_dir=tmp_path, reporter=NullReporter(), refresh_fn=SlowRefresh(0.03),
+        policy=Policy(refresh_interval=1, staleness_bound=BOUND, workers=1,
+                      swap_mode="opportunistic")))
     with runtime:
         for _ in range(STEPS):
             loss = model(torch.randn(4, 8)).square().mean()

@@ -1,5 +1,5 @@
 """Every config key described (`asteria keys`): its type, what it allows in the words its own
-check uses, its default and the help text written under its field."""
+check uses, its default and its help, all from the field's one `Setting`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from asteria_core.policy import Policy, policy_fields
-from asteria_core.train.config_docs import attribute_docs, describe_keys
+from asteria_core.fields import settings_of
+from asteria_core.policy import Policy
+from asteria_core.train.config_docs import describe_keys
 from asteria_core.train.config_io import sections
 from asteria_core.validation import ConfigError
 
@@ -25,25 +26,24 @@ def test_every_key_of_every_section_is_described_once_in_file_order():
     for doc in docs:
         section, name = doc.key.split(".")
         cls = sections()[section]
-        if cls is Policy:
-            (field,) = (f for f in policy_fields() if f.name == name)
-            assert (doc.default, doc.help) == (field.default, field.help)
-        else:
-            field = next(f for f in dataclasses.fields(cls) if f.name == name)
-            assert doc.default == field.default
-            assert doc.help == attribute_docs(cls)[name] and len(doc.help) > 10, doc.key
+        (setting,) = (s for s in settings_of(cls) if s.name == name)
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        assert doc.default == field.default == setting.default
+        assert doc.help == setting.help and len(doc.help) > 10, doc.key
 
 
 @pytest.mark.parametrize(("key", "allowed"), [
     ("optim.lr", "a number in (0.0, 10.0]"),
     ("model.dropout", "a number in [0.0, 1.0)"),
     ("model.vocab_size", "an integer in [256, 1048576]"),
-    ("optim.betas", "two numbers in [0, 1)"),
+    ("optim.betas", "two numbers in [0.0, 1.0)"),
+    ("optim.shampoo_beta", "-1 (use betas[1]) or a number in [0, 1)"),
     ("optim.name", "adamw | soap | shampoo | kl_shampoo"),
     ("train.cpus", "a CPU list such as '0' or '0-3,6' of CPUs this machine has, or empty"),
     ("telemetry.metrics_port", "an integer in [0, 65535]"),
     ("policy.swap_delay", '"auto" or an integer in [0, 1000000]'),
-    ("train.out_dir", "a string"),  # any string is taken
+    ("train.out_dir", "a string of at most 4096 characters"),
+    ("telemetry.metrics_host", "a non-empty string of at most 255 characters"),
 ])
 def test_allowed_values_are_what_the_check_says(key, allowed):
     assert {d.key: d.allowed for d in describe_keys()}[key] == allowed

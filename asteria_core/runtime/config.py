@@ -1,0 +1,48 @@
+"""What a `Runtime` is built with besides the optimizer and the model: one object, so the
+trainer, `asteria.optimizer()` and a user's script pass the same thing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
+from asteria_core.optim.seam import refresh_fn as default_refresh_fn
+from asteria_core.policy import LivePolicy, Policy
+from asteria_core.telemetry.config import TelemetryConfig
+from asteria_core.telemetry.reporter import RunReporter
+
+RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    policy: Policy | LivePolicy | None = None
+    """The live policy (a `LivePolicy` to share one with a control plane); default Policy()."""
+    telemetry: TelemetryConfig | None = None
+    """Telemetry's config (default: metrics on, no energy estimate)."""
+    reporter: RunReporter | None = None
+    """Replaces telemetry altogether (`NullReporter()` turns it off)."""
+    run_id: str | None = None
+    """Default: a new one (time and random suffix); rank 0's on every rank of a data-parallel
+    run."""
+    run_dir: str | Path | None = None
+    """Where the disk tier lives unless the policy names a folder (default runs/<run_id>)."""
+    records: str | Path | None = None
+    """A JSONL file that gets every step record."""
+    optimizer_name: str | None = None
+    """The optimizer's name in records and metrics (default: its class name, lowercase)."""
+    start_step: int = 0
+    """Steps already trained (a resumed run)."""
+    distributed: bool | None = None
+    """Refresh as one rank of a data-parallel job (owner ranks, bases sent to every rank);
+    None decides by whether torch.distributed is initialized with more than one rank."""
+    refresh_fn: RefreshFn = default_refresh_fn
+    """The refresh math (the seam; a test may slow it down)."""
+    coherence_threshold: float = 0.0
+    """Skip (and in a data-parallel run, do not send) a refresh whose basis moved less than
+    this (1 - the mean |cosine| between new and old basis vectors; 0 swaps every refresh)."""
+    worker_cpus: frozenset[int] | None = None
+    """The CPUs the refresh workers run on (None: those of the thread that builds the runtime).
+    """
