@@ -48,7 +48,7 @@ class Setting:
     kind: Kind
     help: str
     title: str = ""
-    """A short label (what a form shows); the field's name when empty."""
+    """A short label (what a form shows: the policy has one per field)."""
     minimum: float | None = None
     maximum: float | None = None
     lo_open: bool = False
@@ -63,10 +63,6 @@ class Setting:
     name: str = ""
     """Filled in by `settings_of` (the dataclass field the description belongs to)."""
     default: Any = None
-
-    @property
-    def label(self) -> str:
-        return self.title or self.name
 
     def allowed(self) -> str:
         """What a valid value is, in the words of an error message."""

@@ -33,8 +33,6 @@ class RunConflict(RuntimeError):
 class ActiveRun:
     """What both kinds share: the run's id, live policy and recorder, and its commands."""
 
-    launched = False
-
     def __init__(self, run_id: str, policy: LivePolicy, recorder: RunRecorder) -> None:
         self.run_id = run_id
         self.policy = policy
@@ -51,9 +49,6 @@ class ActiveRun:
         comes here too; the manager handles the resume of a run that ended."""
         self.commands.put(command)
 
-    def shutdown(self, timeout: float) -> None:
-        raise NotImplementedError
-
     def bind(self, runtime: Runtime) -> None:
         """Follow the runtime: records to the recorder, commands between steps."""
         self.runtime = runtime
@@ -66,7 +61,7 @@ class ActiveRun:
         self._unbind = []
 
     def _checkpoint(self) -> None:
-        raise NotImplementedError
+        raise NotImplementedError  # an attached run refuses CHECKPOINT in `command`
 
     def _drain(self) -> None:
         """Between steps: run queued commands; while paused, wait here for the next one."""
@@ -99,8 +94,6 @@ RunCallback = Callable[[ActiveRun], None]
 
 class LaunchedRun(ActiveRun):
     """A run the control plane trains itself, from a `RunConfig`, in a thread of its own."""
-
-    launched = True
 
     def __init__(self, run_id: str, config: RunConfig, policy: LivePolicy,
                  recorder: RunRecorder, *, resume_step: int | None = None) -> None:
@@ -167,9 +160,6 @@ class AttachedRun(ActiveRun):
                               "launched")
         super().command(command)
 
-    def shutdown(self, timeout: float) -> None:
-        """Detach (the manager does, through `detach`): the script goes on, unobserved."""
-
     def detach(self) -> RunStatus:
         """Stop following the runtime: finished if it was closed, else stopped (the script's
         training is not touched). Returns the status stored."""
@@ -179,6 +169,3 @@ class AttachedRun(ActiveRun):
             else RunStatus.STOPPED
         self.recorder.ended(status)
         return status
-
-    def _checkpoint(self) -> None:  # refused in `command`
-        raise RunConflict(f"run {self.run_id} is attached: no checkpoints from here")

@@ -43,13 +43,12 @@ def max_corpus_bytes() -> int:
 
 def parse_cpu_list(key: str, text: str) -> frozenset[int]:
     """A Linux CPU list such as "0-3,6" as a set of CPU ids; ConfigError naming `key` if bad."""
-    allowed = CPU_LIST_RULE
     cpus: set[int] = set()
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
-        check(match is not None, key, text, allowed)
+        check(match is not None, key, text, CPU_LIST_RULE)
         first, last = int(match[1]), int(match[2] or match[1])
-        check(first <= last < (os.cpu_count() or 1), key, text, allowed)
+        check(first <= last < (os.cpu_count() or 1), key, text, CPU_LIST_RULE)
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
 

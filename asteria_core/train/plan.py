@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from asteria_core.fields import AUTO
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
-from asteria_core.policy import AUTO, Policy, swap_spread
+from asteria_core.policy import Policy, swap_spread
 from asteria_core.telemetry.labels import TIERS, Tier
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
