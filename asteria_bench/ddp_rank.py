@@ -51,6 +51,9 @@ def main() -> None:
     cli.add_argument("--allgather", action="store_true",
                      help="also all-gather a parameter-sized buffer every step (Distributed "
                           "Shampoo's search-direction exchange), to time it here")
+    cli.add_argument("--seed", type=int, default=0,
+                     help="model initialisation seed; rank r reads batches with seed 1337 + "
+                          "100 * seed + r")
     cli.add_argument("--n-layer", type=int, default=2)
     cli.add_argument("--n-embd", type=int, default=128)
     cli.add_argument("--block-size", type=int, default=64)
@@ -60,7 +63,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model = GPT(model_config)
     net = DistributedDataParallel(model)
     delay = args.delay if args.delay == "auto" else int(args.delay)
@@ -73,7 +76,7 @@ def main() -> None:
     records = []
     runtime.add_listener(records.append)
     tokens, tokens_val = split_tokens(encode(load_corpus("")), 0.1, model_config.block_size)
-    loader = BatchLoader(tokens, model_config.block_size, BATCH, seed=1337 + rank)
+    loader = BatchLoader(tokens, model_config.block_size, BATCH, seed=1337 + 100 * args.seed + rank)
     n_params = sum(p.numel() for p in model.parameters())
     gather_in = torch.zeros(n_params // world + 1)
     gather_out = [torch.zeros_like(gather_in) for _ in range(world)]

@@ -109,7 +109,8 @@ class Policy:
     swap_delay: int | str = _auto_or_int(
         AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
         "d <= S: in deterministic mode a basis from step-t statistics is swapped in by t + d "
-        "(at t + d - swap window + 1 .. t + d, see swap_window). "
+        "(at t + d - swap window + 1 .. t + d, see swap_window); a block's first basis at "
+        "once, as the references do. "
         '"auto" follows the staleness bound (d = S, read at each boundary), which gives pacing '
         "the most steps to spread a round over.")
     swap_window: int | str = _auto_or_int(

@@ -225,7 +225,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
             result = self._refresh_inline(key)
             if result is None:
                 continue
-            if self._refresh_delay == 0:
+            if self._refresh_delay == 0 or result.base_version == 0:  # a first basis at once
                 self.apply_refresh(key, result)
             else:
                 self.schedule_refresh(now + self._refresh_delay, result)

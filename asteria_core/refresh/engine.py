@@ -9,7 +9,9 @@ At each step boundary (after the optimizer update of step t) the engine
    block handed out early is swapped early; V = 1 swaps every block at s + d. In
    opportunistic mode a result is swapped as soon as it is ready. Either way it waits when the
    next step would otherwise use a basis more than S steps behind a refresh that fell due (the
-   bound);
+   bound). A block's first refresh (its basis is the initial identity) is swapped in at the
+   boundary it fell due, in either mode, as the references do: no step trains in the identity
+   basis (measured: delaying it by d = 5 cost 0.09 eval loss at 500 steps, docs/architecture.md);
 2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
    stale first, then most expensive (d = 0 swaps them at this same boundary). A snapshot copies
    nothing (the optimizer lends its tensors and writes new ones from then on); on CUDA it is
@@ -126,6 +128,9 @@ class Outstanding:
     one's. Staleness and the bound count from it."""
     staged: bool = False
     """Its result was taken from the job and staged where the block's state lives (`_stage`)."""
+    first: bool = False
+    """The block's first refresh (its basis is the initial identity): swapped in at its own
+    boundary, whatever d, S or the mode, as the references do."""
     early: int = 0
     """Deterministic mode: how many boundaries before stats_step + d it is swapped (its place
     in the round's swap window)."""
@@ -328,13 +333,17 @@ class RefreshEngine:
         return min(early.get(key, 0), last.early + t - last.stats_step)
 
     def _swap_step(self, item: Outstanding, policy: Policy) -> int:
-        """The boundary at which a deterministic refresh is swapped (d read as it is now)."""
+        """The boundary at which a deterministic refresh is swapped (d read as it is now); a
+        block's first basis at once."""
+        if item.first:
+            return item.stats_step
         return item.stats_step + max(policy.delay - item.early, 0)
 
     def _start(self, snapshot, t: int, policy: Policy, ready,
                early: dict[BlockKey, int]) -> Outstanding:
         key = snapshot.key
-        item = Outstanding(key, t, None, early=early.get(key, 0))
+        item = Outstanding(key, t, None, early=early.get(key, 0),
+                           first=snapshot.base_version == 0)
         if self._pool is not None and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             self._coalesce(item)
         job = Job(snapshot, self.opt.refresh_config(key),
@@ -407,7 +416,7 @@ class RefreshEngine:
                 self.exchange.offer(key, t, size, partial(self._outcome, item))
             else:
                 item = Outstanding(key, t, None, delivery=self.exchange.expect(key, t, size),
-                                   early=early[key])
+                                   early=early[key], first=self.opt.basis_version(key) == 0)
                 self.outstanding[key].append(item)
 
     def _outcome(self, item: Outstanding) -> Outcome | None:
@@ -431,8 +440,14 @@ class RefreshEngine:
 
     def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
         """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each
-        (`share_out`, in queue order: most expensive first)."""
-        items = sorted(items, key=lambda item: item.job.priority)
+        (`share_out`, in queue order: most expensive first). First bases are swapped at this
+        boundary: their jobs go to the workers at once, together (on a data-parallel rank a
+        held one could wait behind another owner's delivery that waits for it)."""
+        for item in items:
+            if item.first:
+                self._pool.submit(item.job)
+        items = sorted((item for item in items if not item.first),
+                       key=lambda item: item.job.priority)
         slots = share_out(items, [self.blocks[item.key].cost for item in items],
                           self._pace_window(policy))
         for item in items:
@@ -476,7 +491,7 @@ class RefreshEngine:
                 must = t >= self._swap_step(item, policy)
                 if policy.swap_mode == SwapMode.OPPORTUNISTIC:
                     ready = item.job is None or item.job.done.is_set()
-                    must = t >= item.since + policy.staleness_bound
+                    must = item.first or t >= item.since + policy.staleness_bound
                     if not (ready or must):
                         break
                 elif not must:

@@ -105,8 +105,10 @@ def test_slow_worker_staleness_stays_within_bound_and_waits_only_at_swap_steps()
         engine.close()
     assert max(seen) <= bound and max(seen) == delay
     # The workers are slower than two steps of this tiny problem, so every swap waited, and
-    # nothing else did: waits happen exactly at the swap steps s + d.
-    assert waited_at == [s + delay for s in due_at if s + delay <= STEPS]
+    # nothing else did: waits happen exactly at the swap steps s + d, and at step 1, whose
+    # first bases are swapped in at once.
+    assert due_at[0] == 1
+    assert waited_at == [1] + [s + delay for s in due_at[1:] if s + delay <= STEPS]
 
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
@@ -221,8 +223,8 @@ def test_workers_resize_mid_run_without_losing_work_and_shutdown_joins_all():
 @pytest.mark.parametrize("delay", [4, "auto"])  # "auto" (the default) is d = S = 4
 def test_pacing_spreads_a_round_by_cost_and_changes_no_number(delay):
     """With pace on, a round's jobs go to the workers over W = min(d - V + 1, S, interval)
-    boundaries (V: the swap window), about 1/W of the round's cost at each; the trained
-    parameters are the same bit for bit."""
+    boundaries (V: the swap window), about 1/W of the round's cost at each (the first round,
+    swapped in at once, all at once); the trained parameters are the same bit for bit."""
     interval = 4
     window = 4 - Policy(staleness_bound=4, swap_delay=delay).spread + 1
     runs = {}
@@ -254,8 +256,9 @@ def test_pacing_spreads_a_round_by_cost_and_changes_no_number(delay):
             continue
         total = sum(b.cost for b in engine.blocks.values())
         biggest = max(b.cost for b in engine.blocks.values())
-        assert len(held) >= 3, "too few refresh rounds"
-        for step, slots in held:
+        assert len(held) >= 4, "too few refresh rounds"
+        assert held[0] == (1, {})  # first bases: every job out at once
+        for step, slots in held[1:]:
             # Slot 0 went out at once; the rest wait for boundaries step+1 .. step+W-1.
             assert set(slots) <= set(range(step + 1, step + window))
             assert all(cost <= total / window + biggest for cost in slots.values())
@@ -289,7 +292,7 @@ def test_a_rounds_swaps_are_spread_over_the_swap_window_by_swap_cost(workers):
     """Deterministic mode with d = 4 and a swap window V = 2: each block of a round is swapped
     at s + 3 or s + 4, never later than s + d, both boundaries take about half of the round's
     swap work, and the same blocks go to the same boundary in every round and with or without
-    workers."""
+    workers. The first round (its first bases) is swapped in at once."""
     interval, delay, spread = 5, 4, 2
     model, batches = _problem(7)
     opt = _soap(model)
@@ -304,7 +307,8 @@ def test_a_rounds_swaps_are_spread_over_the_swap_window_by_swap_cost(workers):
     lead = {}
     for key, steps in swapped.items():
         assert len(due) - 1 <= len(steps) <= len(due), (key, steps, due)
-        offsets = {at - s for at, s in zip(steps, due, strict=False)}
+        assert steps[0] == due[0] == 1
+        offsets = {at - s for at, s in zip(steps[1:], due[1:], strict=False)}
         assert len(offsets) == 1 and offsets <= {delay - 1, delay}, (key, steps, due)
         lead[key] = offsets.pop()
     work = {d: sum(blocks[k].swap_cost for k, at in lead.items() if at == d)
@@ -349,7 +353,7 @@ def test_a_block_never_swaps_a_newer_refresh_before_an_older_one():
     steps = []
 
     def boundary(step):
-        if step == 3:  # the refresh of step 1 is in flight (swap at 7); widen the window
+        if step == 5:  # the refresh of step 3 is in flight (swap at 9); widen the window
             live.propose({"swap_window": 6}, client="test")
             live.apply_pending(step)
         engine.on_boundary(step)
