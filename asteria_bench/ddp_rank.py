@@ -1,11 +1,19 @@
 """One rank of the `distributed` suite's runs (launched by torch.distributed.run with
-`-m asteria_bench.ddp_rank`): a GPT trained with DDP and the runtime attached; writes
-<out>/rank<r>.json with its measured figures."""
+`-m asteria_bench.ddp_rank`): a GPT trained with DDP and either Asteria's runtime attached or
+Meta's Distributed Shampoo (its source on the path, unmodified); writes <out>/rank<r>.json with
+its measured figures.
+
+Bytes follow one convention (docs/architecture.md, "One byte convention"): logical payload
+bytes of every collective the optimizer posts, sent (payload x receivers) plus received, per
+rank; DDP's gradient all-reduce, which every optimizer here pays alike, is not counted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -15,6 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
+from asteria_core.optim.base import local_shard
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.data import (
     BatchLoader,
@@ -26,6 +35,9 @@ from asteria_core.train.data import (
 from asteria_core.train.model import GPT
 
 BATCH = 8  # sequences per rank
+LR = 3e-3
+DISTRIBUTED_SHAMPOO = "distributed_shampoo"
+EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @torch.no_grad()
@@ -37,20 +49,71 @@ def evaluate(model: GPT, tokens: torch.Tensor, block_size: int) -> float:
     return torch.stack(losses).mean().item()
 
 
+def state_bytes(state, seen: set | None = None) -> int:
+    """Bytes of every tensor in an optimizer's state (nested dicts, lists, tuples and
+    dataclasses, as Distributed Shampoo keeps its factors), this rank's shard of a DTensor, each
+    tensor once however often it is referenced; placeholders of no elements count nothing."""
+    seen = set() if seen is None else seen
+    if isinstance(state, torch.Tensor):
+        t = local_shard(state)
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+        if t.numel() == 0 or key in seen:
+            return 0
+        seen.add(key)
+        return t.numel() * t.element_size()
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        state = [getattr(state, f.name) for f in dataclasses.fields(state)]
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v, seen) for v in state)
+    return 0
+
+
+def distributed_shampoo(model: torch.nn.Module, args) -> torch.optim.Optimizer:
+    """Distributed Shampoo in its eigenvalue-corrected (SOAP-like) configuration, QR refresh
+    every `interval` steps, no grafting, DDP distributor (each rank computes the search
+    directions of its blocks and all-gathers them every step) in the chosen exchange dtype."""
+    import distributed_shampoo as ds  # on the path as the suite found it; never vendored
+
+    return ds.DistributedShampoo(
+        model.parameters(), lr=LR, betas=(0.95, 0.95), epsilon=1e-8, weight_decay=0.0,
+        max_preconditioner_dim=10000, precondition_frequency=args.interval,
+        start_preconditioning_step=args.interval, grafting_config=None,
+        preconditioner_config=ds.EigenvalueCorrectedShampooPreconditionerConfig(
+            amortized_computation_config=ds.QREigendecompositionConfig()),
+        distributed_config=ds.DDPDistributedConfig(
+            communication_dtype=EXCHANGE_DTYPES[args.exchange_dtype],
+            num_trainers_per_group=-1, communicate_params=False,
+            target_parameter_dimensionality=math.inf))
+
+
+def gathered_bytes_per_step(opt: torch.optim.Optimizer, world: int) -> int:
+    """Distributed Shampoo's one all-gather per parameter group and step, counted as ours are:
+    each rank sends its (W - 1) / W share to the others and receives theirs."""
+    total = 0
+    for group_state in opt._per_group_state_lists:  # its distributor owns the gather buffer
+        buffer = group_state["distributor"]._global_dist_buffer
+        total += buffer.numel() * buffer.element_size()
+    return 2 * total * (world - 1) // world
+
+
 def main() -> None:
     cli = argparse.ArgumentParser()
     cli.add_argument("--out", required=True)
-    cli.add_argument("--optimizer", default="soap")
+    cli.add_argument("--optimizer", default="soap",
+                     help=f"soap | adamw | {DISTRIBUTED_SHAMPOO}")
+    cli.add_argument("--exchange-dtype", choices=sorted(EXCHANGE_DTYPES), default="fp32",
+                     help="Distributed Shampoo's all-gather dtype")
     cli.add_argument("--steps", type=int, default=40)
+    cli.add_argument("--eval-at", type=int, nargs="*", default=[],
+                     help="also evaluate after these steps")
     cli.add_argument("--interval", type=int, default=10)
     cli.add_argument("--bound", type=int, default=5)
     cli.add_argument("--delay", default="auto")
     cli.add_argument("--workers", type=int, default=1)
     cli.add_argument("--coherence", type=float, default=0.0,
                      help="skip (and send no) refresh whose basis moved less than this")
-    cli.add_argument("--allgather", action="store_true",
-                     help="also all-gather a parameter-sized buffer every step (Distributed "
-                          "Shampoo's search-direction exchange), to time it here")
     cli.add_argument("--seed", type=int, default=0,
                      help="model initialisation seed; rank r reads batches with seed 1337 + "
                           "100 * seed + r")
@@ -66,68 +129,100 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = GPT(model_config)
     net = DistributedDataParallel(model)
-    delay = args.delay if args.delay == "auto" else int(args.delay)
-    policy = asteria.Policy(refresh_interval=args.interval, staleness_bound=args.bound,
-                            swap_delay=delay, workers=args.workers)
-    opt = asteria.optimizer(model, args.optimizer, lr=3e-3, policy=policy,
-                            telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
-                            **({"coherence_threshold": args.coherence} if args.coherence else {}))
-    runtime = opt.runtime
-    records = []
-    runtime.add_listener(records.append)
+    runtime, records = None, []
+    if args.optimizer == DISTRIBUTED_SHAMPOO:
+        opt = distributed_shampoo(model, args)
+    else:
+        delay = args.delay if args.delay == "auto" else int(args.delay)
+        policy = asteria.Policy(refresh_interval=args.interval, staleness_bound=args.bound,
+                                swap_delay=delay, workers=args.workers)
+        extra = {"coherence_threshold": args.coherence} if args.coherence else {}
+        opt = asteria.optimizer(model, args.optimizer, lr=LR, policy=policy,
+                                telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
+                                **extra)
+        runtime = opt.runtime
+        runtime.add_listener(records.append)
     tokens, tokens_val = split_tokens(encode(load_corpus("")), 0.1, model_config.block_size)
-    loader = BatchLoader(tokens, model_config.block_size, BATCH, seed=1337 + 100 * args.seed + rank)
+    loader = BatchLoader(tokens, model_config.block_size, BATCH,
+                         seed=1337 + 100 * args.seed + rank)
     n_params = sum(p.numel() for p in model.parameters())
-    gather_in = torch.zeros(n_params // world + 1)
-    gather_out = [torch.zeros_like(gather_in) for _ in range(world)]
-    gather_seconds = []
-    step_seconds = []
-    for _ in range(args.steps):
+    step_seconds, losses, evals = [], [], {}
+    first_round_bytes = 0
+    for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         x, y = loader.next_batch()
         _, loss = net(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if args.allgather:
-            t1 = time.perf_counter()
-            dist.all_gather(gather_out, gather_in)
-            gather_seconds.append(time.perf_counter() - t1)
-        runtime.end_step()
+        if runtime is not None:
+            runtime.end_step()
         step_seconds.append(time.perf_counter() - t0)
-    refresh, exchange = runtime.refresh, runtime.exchange
-    factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
-                       for dims in state.get("factors", []) if dims is not None for f in dims)
-    runtime.close()
+        losses.append(loss.item())
+        if step == 1 and runtime is not None and runtime.data_parallel is not None:
+            moved = runtime.data_parallel.figures()  # the first bases, swapped in at step 1
+            first_round_bytes = moved.bytes_sent + moved.bytes_received
+        if step in args.eval_at:
+            evals[step] = evaluate(model, tokens_val, model_config.block_size)
     skip = args.interval  # the first round holds every block's first eigendecomposition
-    steady = records[skip:]
     report = {
         "rank": rank, "world": world, "optimizer": args.optimizer, "params": n_params,
+        "seed": args.seed,
         "step_ms_median": 1e3 * statistics.median(step_seconds[skip:]),
         "step_ms_mean": 1e3 * statistics.fmean(step_seconds[skip:]),
-        "sync_wait_ms_per_step": 1e3 * statistics.fmean(
-            r.timing.idle_seconds["sync_wait"] for r in steady),
-        "refresh_wait_ms_per_step": 1e3 * statistics.fmean(
-            r.timing.idle_seconds["refresh_wait"] for r in steady),
-        "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh), default=0),
-        "refreshes": refresh.refreshes if refresh else 0,
-        "unchanged": refresh.unchanged if refresh else 0,
-        "final_loss": records[-1].loss,
+        "final_loss": losses[-1],
         "eval_loss": evaluate(model, tokens_val, model_config.block_size),
-        "refresh_seconds": refresh.work_seconds if refresh else 0.0,
-        "factor_bytes": factor_bytes,
-        "bytes_sent": exchange.bytes_sent if exchange else 0,
-        "bytes_received": exchange.bytes_received if exchange else 0,
-        "allgather_ms_per_step": 1e3 * statistics.fmean(gather_seconds) if gather_seconds
-        else None,
-        "allgather_bytes_per_step": (world - 1) * gather_in.numel() * 4 if gather_seconds
-        else None,
+        "eval_at": {str(k): v for k, v in evals.items()},
+        "state_bytes": state_bytes(opt.state),
         "step_seconds": step_seconds,
     }
+    if runtime is None:  # Distributed Shampoo: its all-gather, every step
+        per_step = gathered_bytes_per_step(opt, world)
+        report |= {"bytes_per_step": per_step, "first_round_bytes": per_step,
+                   "bytes_per_round": per_step * args.interval, "sync_wait_ms_per_step": None,
+                   "refresh_wait_ms_per_step": None, "staleness_max": 0, "refreshes": 0,
+                   "factor_bytes": None}
+    else:
+        report |= runtime_figures(runtime, opt, records, args, first_round_bytes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
+
+
+def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -> dict:
+    """Asteria's own figures, read after the run (close settles the exchange: every byte of
+    the last round is counted). Rounds after the first fall due every `interval` steps."""
+    refresh = runtime.refresh
+    factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
+                       for dims in state.get("factors", []) if dims is not None for f in dims)
+    data_parallel = runtime.data_parallel
+    runtime.close()
+    moved = data_parallel.figures() if data_parallel is not None else None
+    total = 0 if moved is None else moved.bytes_sent + moved.bytes_received
+    # Rounds after the first fall due at 1 + k * interval; the steady rate is their bytes (and
+    # the policy headers between them) over the steps they span.
+    steady = total - first_round_bytes
+    rounds = (args.steps - 1) // args.interval if refresh else 0
+    steady_records = records[args.interval:]
+    return {
+        "sync_wait_ms_per_step": 1e3 * statistics.fmean(
+            r.timing.idle_seconds["sync_wait"] for r in steady_records),
+        "refresh_wait_ms_per_step": 1e3 * statistics.fmean(
+            r.timing.idle_seconds["refresh_wait"] for r in steady_records),
+        "staleness_max": max((r.refresh.staleness_max for r in records if r.refresh),
+                             default=0),
+        "refreshes": refresh.refreshes if refresh else 0,
+        "unchanged": refresh.unchanged if refresh else 0,
+        "refresh_seconds": refresh.work_seconds if refresh else 0.0,
+        "factor_bytes": factor_bytes,
+        "bytes_sent": 0 if moved is None else moved.bytes_sent,
+        "bytes_received": 0 if moved is None else moved.bytes_received,
+        "first_round_bytes": first_round_bytes,
+        "bytes_per_step": steady / (rounds * args.interval) if rounds else
+        steady / (args.steps - 1),
+        "bytes_per_round": steady / rounds if rounds else None,
+    }
 
 
 if __name__ == "__main__":

@@ -80,9 +80,11 @@ class RankFigures(BaseModel):
     background_load: float | None = Field(None, description="asteria_refresh_background_load.")
     queue_depth: int | None = Field(None, description="asteria_refresh_queue_depth.")
     owned_blocks: int | None = Field(None, description="asteria_distributed_owned_blocks.")
-    bytes_sent: int | None = Field(None, description="Logical bytes of new bases sent "
+    bytes_sent: int | None = Field(None, description="Logical bytes this rank's optimizer "
+                                   "collectives sent: bases, headers, policy sync "
                                    "(asteria_distributed_exchange_bytes_total, sent).")
-    bytes_received: int | None = Field(None, description="Logical bytes of new bases received "
+    bytes_received: int | None = Field(None, description="Logical bytes this rank's optimizer "
+                                       "collectives received "
                                        "(asteria_distributed_exchange_bytes_total, received).")
 
 

@@ -1,27 +1,34 @@
-"""`distributed`: data-parallel SOAP: bytes, waits, refresh work and factor memory per rank.
+"""`distributed`: data-parallel SOAP against Meta's Distributed Shampoo: bytes, state, waits, loss.
 
 Every configuration is a real torchrun job (gloo, `asteria_bench.ddp_rank`): a 0.43M-parameter
-GPT (n_embd 128, 2 layers, 8 x 64 tokens per rank), 40 steps, refresh every 10, the first round
-(every block's first eigendecomposition) left out of the per-step figures. Configurations:
+GPT (n_embd 128, 2 layers, 8 x 64 tokens per rank), refresh every 10 steps, lr 3e-3 for every
+second-order run. Configurations:
 
 - DDP AdamW: the first-order baseline at the same world size;
+- Distributed Shampoo (facebookresearch/optimizers, its source unmodified, found on the path or
+  in ASTERIA_DISTRIBUTED_SHAMPOO): its eigenvalue-corrected (SOAP-like) configuration with QR
+  refresh, no grafting, its DDP distributor (each rank computes the search directions of its
+  blocks and all-gathers them every step), fp32 and bf16 exchange;
 - Asteria SOAP, S in {1, 3, 5}: owner ranks refresh on one host worker each, the new bases
-  travel in the background and every rank swaps them at step t + S;
+  travel in the background and every rank swaps them at one step within S;
 - synchronous baseline: the owner refreshes inline at the refresh step and broadcasts at once,
-  every rank waiting for it there (workers 0, swap delay 0: the same bytes, all waited for);
-- Distributed Shampoo's scheme (each rank preconditions its own blocks and all-gathers the
-  search directions every step): its bytes per step are the model's size x (world - 1) / world
-  per rank; an AdamW run that also all-gathers a buffer of that size every step times it here.
+  every rank waiting for it there (workers 0, swap delay 0: the same bytes, all waited for).
 
-Each repeat runs every configuration once, in turn (so drift falls on all alike); the tables
-give medians over repeats. Absolute times on a few cores shared by up to 4 ranks (each with a
-refresh worker) are not what a cluster sees; compare within a world size. --quick runs world
-sizes 1 and 2 only, fewer configurations and steps.
+Bytes: one convention for all (docs/architecture.md, "One byte convention"): logical bytes sent
+plus received per rank per step, every collective the optimizer posts counted (Asteria: bases,
+headers, the policy sync; Distributed Shampoo: its all-gather), after the first round (Asteria's
+first bases, a one-off, are reported apart). State: every tensor of the optimizer's state on a
+rank. Each seed runs every configuration once, in turn (drift falls on all alike); timings are
+medians over seeds, eval losses means, and each S's loss gap to the synchronous exchange is the
+mean of its per-seed differences. Absolute times on a few cores shared by up to 4 ranks (each
+with a refresh worker) are not what a cluster sees; compare within a world size. --quick runs
+2 ranks, fewer configurations and steps, one seed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -34,15 +41,20 @@ from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 
-TITLE = "Data-parallel SOAP: bytes and waits per step"
+TITLE = "Data-parallel SOAP against Distributed Shampoo: bytes, state and loss per rank"
 ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ENV = "ASTERIA_DISTRIBUTED_SHAMPOO"
+HOW_TO_GET = (f"Distributed Shampoo is not importable: clone facebookresearch/optimizers and "
+              f"set {SOURCE_ENV} to that folder (the one holding distributed_shampoo/), or put "
+              "it on PYTHONPATH; its rows are left out")
 
 
 @dataclass(frozen=True)
 class Sizes:
     steps: int
+    eval_at: tuple[int, ...]  # also evaluate after these steps
     interval: int       # refresh interval; the first round is left out of per-step figures
-    repeats: int
+    seeds: int
     worlds: tuple[int, ...]
     quick_configs: bool  # the reduced set of configurations
     n_layer: int = 2
@@ -50,31 +62,47 @@ class Sizes:
     block_size: int = 64
 
 
-FULL = Sizes(steps=40, interval=10, repeats=3, worlds=(1, 2, 4), quick_configs=False)
-QUICK = Sizes(steps=30, interval=10, repeats=1, worlds=(1, 2), quick_configs=True)
+FULL = Sizes(steps=500, eval_at=(200,), interval=10, seeds=3, worlds=(2, 4),
+             quick_configs=False)
+QUICK = Sizes(steps=30, eval_at=(), interval=10, seeds=1, worlds=(2,), quick_configs=True)
 
 ADAMW = "DDP AdamW"
-GATHER = "DDP AdamW + all-gather of the model per step (Distributed Shampoo's exchange)"
-SYNC = "synchronous baseline (inline refresh, broadcast at the refresh step)"
-# (world, label, short label for the plot, rank arguments, in the quick set)
+DS_FP32 = "Distributed Shampoo, fp32 exchange"
+DS_BF16 = "Distributed Shampoo, bf16 exchange"
+SYNC = "Asteria synchronous (inline refresh, broadcast at the refresh step)"
+DS_ARGS = ["--optimizer", "distributed_shampoo", "--exchange-dtype"]
+# (world, label, short label for the plot, rank arguments, in the quick set, seeds: all | 1)
 CONFIGS = [
-    (1, ADAMW, "AdamW", ["--optimizer", "adamw"], False),
-    (1, "SOAP S=5", "SOAP S=5", ["--bound", "5"], True),
-    (2, ADAMW, "AdamW", ["--optimizer", "adamw"], True),
-    (2, GATHER, "AdamW +\nall-gather", ["--optimizer", "adamw", "--allgather"], True),
-    (2, "Asteria SOAP S=1", "SOAP S=1", ["--bound", "1"], False),
-    (2, "Asteria SOAP S=3", "SOAP S=3", ["--bound", "3"], False),
-    (2, "Asteria SOAP S=5", "SOAP S=5", ["--bound", "5"], True),
-    (2, SYNC, "sync\nbaseline", ["--bound", "5", "--workers", "0", "--delay", "0"], True),
-    (4, ADAMW, "AdamW", ["--optimizer", "adamw"], False),
-    (4, GATHER, "AdamW +\nall-gather", ["--optimizer", "adamw", "--allgather"], False),
-    (4, "Asteria SOAP S=5", "SOAP S=5", ["--bound", "5"], False),
-    (4, SYNC, "sync\nbaseline", ["--bound", "5", "--workers", "0", "--delay", "0"], False),
+    (2, ADAMW, "AdamW", ["--optimizer", "adamw"], True, True),
+    (2, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], True, True),
+    (2, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, True),
+    (2, "Asteria SOAP S=1", "S=1", ["--bound", "1"], False, True),
+    (2, "Asteria SOAP S=3", "S=3", ["--bound", "3"], False, True),
+    (2, "Asteria SOAP S=5", "S=5", ["--bound", "5"], True, True),
+    (2, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], True, True),
+    (4, ADAMW, "AdamW", ["--optimizer", "adamw"], False, False),
+    (4, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], False, False),
+    (4, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, False),
+    (4, "Asteria SOAP S=5", "S=5", ["--bound", "5"], False, False),
+    (4, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], False, False),
 ]
 
 
-def configs(sizes: Sizes) -> list[tuple[int, str, str, list[str], bool]]:
-    return [c for c in CONFIGS if c[0] in sizes.worlds and (c[4] or not sizes.quick_configs)]
+def reference_env() -> dict[str, str] | None:
+    """The environment in which the ranks import Distributed Shampoo, or None when they
+    cannot (from its source folder in ASTERIA_DISTRIBUTED_SHAMPOO, or already importable)."""
+    env = dict(os.environ)
+    source = env.get(SOURCE_ENV)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    probe = subprocess.run([sys.executable, "-c", "import distributed_shampoo"], env=env,
+                           capture_output=True, timeout=120, cwd=ROOT)
+    return env if probe.returncode == 0 else None
+
+
+def configs(sizes: Sizes, with_reference: bool = True) -> list[tuple]:
+    return [c for c in CONFIGS if c[0] in sizes.worlds and (c[4] or not sizes.quick_configs)
+            and (with_reference or "distributed_shampoo" not in c[3])]
 
 
 def free_port() -> int:
@@ -83,7 +111,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, sizes: Sizes, args: list[str]) -> list[dict]:
+def launch(world: int, sizes: Sizes, args: list[str], seed: int,
+           env: dict[str, str] | None) -> list[dict]:
     """One torchrun job of `world` ranks; each rank's report. A port another process took
     between choosing it and binding it fails the rendezvous: one retry on a new port."""
     for attempt in range(2):
@@ -92,8 +121,10 @@ def launch(world: int, sizes: Sizes, args: list[str]) -> list[dict]:
                    str(world), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                    "-m", "asteria_bench.ddp_rank", "--out", out, "--steps", str(sizes.steps),
                    "--interval", str(sizes.interval), "--n-layer", str(sizes.n_layer),
-                   "--n-embd", str(sizes.n_embd), "--block-size", str(sizes.block_size), *args]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+                   "--n-embd", str(sizes.n_embd), "--block-size", str(sizes.block_size),
+                   "--seed", str(seed), "--eval-at", *map(str, sizes.eval_at), *args]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT,
+                                  env=env)
             if proc.returncode == 0:
                 return [json.loads((Path(out) / f"rank{r}.json").read_text())
                         for r in range(world)]
@@ -104,150 +135,183 @@ def launch(world: int, sizes: Sizes, args: list[str]) -> list[dict]:
     raise AssertionError("unreachable")
 
 
-def summary(label: str, world: int, ranks: list[dict], sizes: Sizes) -> dict:
-    rounds = max(1, sizes.steps // sizes.interval)
-    sent = sum(r["bytes_sent"] for r in ranks)
+def summary(label: str, world: int, seed: int, ranks: list[dict]) -> dict:
+    """One job: per-rank figures, and the job's figures (bytes and state: the mean rank)."""
+    def mean(key: str):
+        values = [r[key] for r in ranks]
+        return None if values[0] is None else statistics.fmean(values)
+
     return {
-        "label": label, "world": world,
+        "label": label, "world": world, "seed": seed,
         "step_ms": statistics.median(r["step_ms_median"] for r in ranks),
         "step_ms_mean": statistics.fmean(r["step_ms_mean"] for r in ranks),
-        "sync_wait_ms_per_step": statistics.fmean(r["sync_wait_ms_per_step"] for r in ranks),
-        "refresh_wait_ms_per_step": statistics.fmean(r["refresh_wait_ms_per_step"]
-                                                     for r in ranks),
+        "sync_wait_ms_per_step": mean("sync_wait_ms_per_step"),
+        "refresh_wait_ms_per_step": mean("refresh_wait_ms_per_step"),
         "staleness_max": max(r["staleness_max"] for r in ranks),
         "refreshes_per_rank": [r["refreshes"] for r in ranks],
-        "refresh_seconds_per_rank": [round(r["refresh_seconds"], 4) for r in ranks],
-        "factor_bytes_per_rank": [r["factor_bytes"] for r in ranks],
-        "bytes_per_step_per_rank": statistics.fmean(
-            (r["bytes_sent"] + r["bytes_received"]) / sizes.steps for r in ranks),
-        "bytes_sent_per_round": sent / rounds,
-        "allgather_ms_per_step": ranks[0]["allgather_ms_per_step"],
-        "allgather_bytes_per_step_per_rank": ranks[0]["allgather_bytes_per_step"],
+        "state_bytes_per_rank": [r["state_bytes"] for r in ranks],
+        "bytes_per_step_per_rank": mean("bytes_per_step"),
+        "bytes_per_round_per_rank": mean("bytes_per_round"),
+        "first_round_bytes_per_rank": mean("first_round_bytes"),
         "eval_loss": ranks[0]["eval_loss"],
+        "eval_at": ranks[0]["eval_at"],
         "ranks": ranks,
     }
 
 
-def merge(repeats: list[dict]) -> dict:
-    """One configuration over repeats: medians of the timed figures, the rest as measured."""
-    row = {k: v for k, v in repeats[-1].items() if k != "ranks"}
-    for key in ("step_ms", "step_ms_mean", "sync_wait_ms_per_step", "refresh_wait_ms_per_step",
-                "allgather_ms_per_step"):
-        values = [r[key] for r in repeats if r[key] is not None]
+def merge(runs: list[dict]) -> dict:
+    """One configuration over seeds: medians of the timed figures, means of the losses, the
+    rest as the last seed measured (bytes and state do not depend on the seed)."""
+    row = {k: v for k, v in runs[-1].items() if k not in ("ranks", "seed")}
+    for key in ("step_ms", "step_ms_mean", "sync_wait_ms_per_step", "refresh_wait_ms_per_step"):
+        values = [r[key] for r in runs if r[key] is not None]
         row[key] = statistics.median(values) if values else None
         row[f"{key}_runs"] = values
-    row["staleness_max"] = max(r["staleness_max"] for r in repeats)
+    row["staleness_max"] = max(r["staleness_max"] for r in runs)
+    row["seeds"] = [r["seed"] for r in runs]
+    row["eval_loss_runs"] = [r["eval_loss"] for r in runs]
+    row["eval_loss"] = statistics.fmean(row["eval_loss_runs"])
+    row["eval_at"] = {step: statistics.fmean(r["eval_at"][step] for r in runs)
+                      for step in runs[-1]["eval_at"]}
     return row
 
 
 def run(opts: BenchOptions) -> SuiteResult:
     sizes = opts.pick(QUICK, FULL)
-    chosen = configs(sizes)
+    env = reference_env()
+    chosen = configs(sizes, with_reference=env is not None)
     result = SuiteResult("distributed", TITLE, opts.quick, opts.command,
                          config={**asdict(sizes), "backend": "gloo", "batch_per_rank": 8,
-                                 "configurations": [[w, label, args]
-                                                    for w, label, _, args, _ in chosen]})
+                                 "lr": 3e-3, "distributed_shampoo": env is not None,
+                                 "configurations": [[c[0], c[1], c[3]] for c in chosen]})
+    if env is None:
+        result.findings.append(HOW_TO_GET + ".")
     per_config: list[list[dict]] = [[] for _ in chosen]
-    for repeat in range(sizes.repeats):
-        for i, (world, label, _, args, _) in enumerate(chosen):
-            with progress(1, f"distributed: world {world}, {label.split(' (')[0]}", opts) as bar:
-                s = summary(label, world, launch(world, sizes, args), sizes)
-                bar.update(1)
+    jobs = [(seed, i) for seed in range(sizes.seeds) for i, c in enumerate(chosen)
+            if seed == 0 or c[5]]
+    with progress(len(jobs), "distributed: torchrun jobs", opts) as bar:
+        for seed, i in jobs:
+            world, label, _, args, _, _ = chosen[i]
+            s = summary(label, world, seed, launch(world, sizes, args, seed, env))
+            bar.update(1)
             per_config[i].append(s)
-            result.runs.append({"repeat": repeat, **s})
+            result.runs.append(s)
             result.save(opts.out_dir)
     rows = [merge(r) for r in per_config]
-    summarize(result, rows, chosen, sizes)
+    summarize(result, rows, sizes)
     plot(result, rows, chosen, opts)
     result.save(opts.out_dir)
     return result
 
 
-def summarize(result: SuiteResult, rows: list[dict], chosen: list, sizes: Sizes) -> None:
+def _kib(values: list[int]) -> str:
+    return "/".join(f"{b / 1024:,.0f}" for b in values)
+
+
+def find(rows: list[dict], world: int, label: str) -> dict | None:
+    return next((r for r in rows if r["world"] == world and r["label"] == label), None)
+
+
+def loss_gap(row: dict, sync: dict) -> float:
+    """Mean over seeds of the row's eval loss minus the synchronous exchange's, seed by seed."""
+    return statistics.fmean(a - b for a, b in zip(row["eval_loss_runs"],
+                                                  sync["eval_loss_runs"], strict=True))
+
+
+def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
+    evals = [f"eval loss at {step}" for step in sizes.eval_at]
     t = result.table(
-        f"Data-parallel SOAP on gloo ({sizes.steps} steps, refresh every {sizes.interval}, the "
-        f"first round left out; medians of {sizes.repeats} repeats)",
-        ["world", "configuration", "step p50 ms", "step mean ms", "sync_wait ms/step",
-         "refresh_wait ms/step", "staleness max", "refreshes per rank", "factor KiB per rank",
-         "exchange bytes/step/rank", "bytes sent per round", "eval loss"],
-        note="exchange bytes of the all-gather row: the all-gather's own bytes per step per rank")
+        f"Data-parallel SOAP and Distributed Shampoo on gloo ({sizes.steps} steps, refresh "
+        f"every {sizes.interval}, lr 3e-3; timings after the first round, medians over seeds; "
+        f"losses means over seeds)",
+        ["world", "configuration", "seeds", "step p50 ms", "step mean ms", "sync_wait ms/step",
+         "staleness max", "state KiB per rank", "bytes/step/rank", "bytes/round/rank",
+         "first round bytes/rank", *evals, f"eval loss at {sizes.steps}"],
+        note="bytes: sent + received per rank, every collective the optimizer posts (not DDP's "
+             "gradient all-reduce); Distributed Shampoo all-gathers every step, Asteria sends "
+             "bases once per round plus an 8-byte policy header per step")
     for r in rows:
-        per_step = r["allgather_bytes_per_step_per_rank"] or r["bytes_per_step_per_rank"]
-        soap = any(r["refreshes_per_rank"])
-        t.add(r["world"], r["label"], round(r["step_ms"], 2), round(r["step_ms_mean"], 2),
-              round(r["sync_wait_ms_per_step"], 3), round(r["refresh_wait_ms_per_step"], 3),
-              r["staleness_max"],
-              "/".join(map(str, r["refreshes_per_rank"])) if soap else "-",
-              "/".join(str(b // 1024) for b in r["factor_bytes_per_rank"]) if soap else "-",
-              round(per_step), round(r["bytes_sent_per_round"]), round(r["eval_loss"], 4))
-
-    def find(world: int, label: str) -> dict | None:
-        return next((r for r in rows if r["world"] == world and r["label"] == label), None)
-
-    one = find(1, "SOAP S=5")
+        t.add(r["world"], r["label"], len(r["seeds"]), round(r["step_ms"], 2),
+              round(r["step_ms_mean"], 2),
+              "-" if r["sync_wait_ms_per_step"] is None else round(r["sync_wait_ms_per_step"], 3),
+              r["staleness_max"], _kib(r["state_bytes_per_rank"]),
+              round(r["bytes_per_step_per_rank"]),
+              "-" if r["bytes_per_round_per_rank"] is None else
+              round(r["bytes_per_round_per_rank"]),
+              round(r["first_round_bytes_per_rank"]),
+              *(round(r["eval_at"][str(step)], 4) for step in sizes.eval_at),
+              round(r["eval_loss"], 4))
     for world in sizes.worlds:
-        if world == 1:
-            continue
-        soap, sync, gather, adamw = (find(world, "Asteria SOAP S=5"), find(world, SYNC),
-                                     find(world, GATHER), find(world, ADAMW))
-        if soap and one:
-            mem = sum(soap["factor_bytes_per_rank"]) / world / sum(one["factor_bytes_per_rank"])
-            result.findings.append(
-                f"Factor memory per rank at {world} ranks is {mem:.2f}x one process's "
-                f"({'/'.join(str(b // 1024) for b in soap['factor_bytes_per_rank'])} KiB "
-                f"against {one['factor_bytes_per_rank'][0] // 1024} KiB): every block has one "
-                f"owner.")
-            if world == 2:
-                result.quote("factor_memory_per_rank_2", round(mem, 3),
-                             "at 2 ranks each rank keeps {value:.2f}x the factor memory of one "
-                             "process")
-        if soap and sync:
-            result.findings.append(
-                f"At {world} ranks, SOAP with S = 5 waited {soap['sync_wait_ms_per_step']:.2f} "
-                f"ms per step for other ranks' bases, against "
-                f"{sync['sync_wait_ms_per_step']:.2f} ms for the synchronous baseline (inline "
-                f"refresh, broadcast at the refresh step); step mean {soap['step_ms_mean']:.1f} "
-                f"against {sync['step_ms_mean']:.1f} ms.")
-            if world == 2:
-                result.quote("sync_wait_ms_async_2", round(soap["sync_wait_ms_per_step"], 3),
-                             "at 2 ranks the asynchronous exchange (S = 5) waits {value:.2f} ms "
-                             f"per step, the synchronous baseline "
-                             f"{sync['sync_wait_ms_per_step']:.2f} ms")
-        if soap and gather and gather["allgather_bytes_per_step_per_rank"]:
-            ratio = soap["bytes_per_step_per_rank"] / gather["allgather_bytes_per_step_per_rank"]
-            result.findings.append(
-                f"At {world} ranks and refresh interval {sizes.interval}, Asteria's exchange "
-                f"moves {soap['bytes_per_step_per_rank']:,.0f} bytes per step per rank, "
-                f"{ratio:.2f}x Distributed Shampoo's per-step all-gather "
-                f"({gather['allgather_bytes_per_step_per_rank']:,.0f}), which cost "
-                f"{gather['allgather_ms_per_step']:.2f} ms per step here.")
-            if world == 2:
-                result.quote("bytes_vs_allgather_2", round(ratio, 3),
-                             f"at refresh interval {sizes.interval} its bytes per step are "
-                             "{value:.2f}x Distributed Shampoo's per-step all-gather")
-        if soap and adamw:
-            result.findings.append(
-                f"A SOAP step at {world} ranks took {soap['step_ms'] / adamw['step_ms']:.2f}x "
-                f"DDP AdamW's ({soap['step_ms']:.1f} against {adamw['step_ms']:.1f} ms, p50).")
+        findings(result, rows, world)
+
+
+def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
+    soap, sync, ds, adamw = (find(rows, world, "Asteria SOAP S=5"), find(rows, world, SYNC),
+                             find(rows, world, DS_FP32), find(rows, world, ADAMW))
+    if soap and ds:
+        ratio = soap["bytes_per_step_per_rank"] / ds["bytes_per_step_per_rank"]
+        state = max(soap["state_bytes_per_rank"]) / max(ds["state_bytes_per_rank"])
+        result.findings.append(
+            f"At {world} ranks Asteria SOAP (S = 5) moves {soap['bytes_per_step_per_rank']:,.0f}"
+            f" bytes per step per rank, {ratio:.2f}x Distributed Shampoo's fp32 all-gather "
+            f"({ds['bytes_per_step_per_rank']:,.0f}), both sent + received; it keeps "
+            f"{state:.2f}x Distributed Shampoo's optimizer state on its largest rank "
+            f"({_kib(soap['state_bytes_per_rank'])} against "
+            f"{_kib(ds['state_bytes_per_rank'])} KiB): every rank holds every basis and moment, "
+            f"only factors are split. Eval loss after the run: {soap['eval_loss']:.4f} against "
+            f"{ds['eval_loss']:.4f}; step p50 {soap['step_ms']:.1f} against "
+            f"{ds['step_ms']:.1f} ms.")
+        if world == 2:
+            result.quote("bytes_vs_distributed_shampoo_2", round(ratio, 3),
+                         "at 2 ranks its bytes per step per rank are {value:.2f}x Distributed "
+                         "Shampoo's fp32 all-gather (sent + received, every collective)")
+            result.quote("state_vs_distributed_shampoo_2", round(state, 3),
+                         "its optimizer state per rank is {value:.2f}x Distributed Shampoo's "
+                         "(replicated bases and moments)")
+    if sync:
+        for s in (1, 3, 5):
+            row = find(rows, world, f"Asteria SOAP S={s}")
+            if row and len(row["seeds"]) == len(sync["seeds"]):
+                gap = loss_gap(row, sync)
+                result.findings.append(
+                    f"At {world} ranks, S = {s} ends {gap:+.4f} eval loss from the synchronous "
+                    f"exchange (mean of {len(row['seeds'])} seeds' differences: "
+                    + ", ".join(f"{a - b:+.4f}" for a, b in zip(
+                        row["eval_loss_runs"], sync["eval_loss_runs"], strict=True))
+                    + f"), waiting {row['sync_wait_ms_per_step']:.2f} ms per step for other "
+                      f"ranks' bases against {sync['sync_wait_ms_per_step']:.2f} ms.")
+                if world == 2 and s == 5:
+                    result.quote("loss_gap_s5_2", round(gap, 4),
+                                 "S = 5 ends {value:+.3f} eval loss from the synchronous "
+                                 "exchange at 2 ranks (mean over seeds)")
+    if soap and adamw:
+        result.findings.append(
+            f"A SOAP step at {world} ranks took {soap['step_ms'] / adamw['step_ms']:.2f}x "
+            f"DDP AdamW's ({soap['step_ms']:.1f} against {adamw['step_ms']:.1f} ms, p50).")
 
 
 def plot(result: SuiteResult, rows: list[dict], chosen: list, opts: BenchOptions) -> None:
     plt = pyplot()
-
     worlds = sorted({r["world"] for r in rows})
-    fig, axes = plt.subplots(2, len(worlds), figsize=(3.6 * len(worlds) + 1, 5.6),
+    panels = [("step_ms", "step p50 (ms)", "#3b75af"),
+              ("bytes_per_step_per_rank", "bytes/step/rank", "#d9822b"),
+              ("eval_loss", "eval loss", "#5b9b4a")]
+    fig, axes = plt.subplots(len(panels), len(worlds), figsize=(4.2 * len(worlds) + 1, 7.5),
                              squeeze=False)
     for j, world in enumerate(worlds):
         picked = [(c[2], r) for c, r in zip(chosen, rows, strict=True) if r["world"] == world]
         names = [n for n, _ in picked]
-        axes[0][j].bar(names, [r["step_ms"] for _, r in picked], color="#3b75af")
-        axes[0][j].set_title(f"world {world}")
-        axes[1][j].bar(names, [r["sync_wait_ms_per_step"] for _, r in picked], color="#d9822b")
-        for ax in axes[0][j], axes[1][j]:
+        for i, (key, label, color) in enumerate(panels):
+            ax = axes[i][j]
+            ax.bar(names, [r[key] for _, r in picked], color=color)
             ax.tick_params(axis="x", labelsize=7)
-    axes[0][0].set_ylabel("step p50 (ms)")
-    axes[1][0].set_ylabel("sync_wait (ms/step)")
+            if key == "eval_loss":
+                low = min(r[key] for _, r in picked)
+                ax.set_ylim(low * 0.97, max(r[key] for _, r in picked) * 1.01)
+            if j == 0:
+                ax.set_ylabel(label)
+        axes[0][j].set_title(f"world {world}")
     fig.tight_layout()
-    result.plots.append(save(fig, opts.out_dir / "distributed.png", "Step time (p50) and time "
-        "spent waiting for other ranks' bases per step, per configuration and "
-        "world size (gloo).", dpi=120))
+    result.plots.append(save(fig, opts.out_dir / "distributed.png", "Step time (p50), bytes "
+        "per step per rank (every optimizer collective, sent + received) and eval loss at the "
+        "end (mean over seeds), per configuration and world size (gloo).", dpi=120))

@@ -5,12 +5,13 @@ initialized with more than one rank). If so, the runtime takes rank 0's run id f
 (`shared_run_id`: the run's folder and telemetry are named by it), then `attach` builds what the
 rank adds, in the same order on every rank (each builds process groups): the policy sync, and
 either the version exchange (replicated parameters: each block has an owner rank, whose bases
-travel) or, under FSDP2, the figures of the shards this rank preconditions itself (no basis
-travels).
+travel) or, under FSDP2 or with a first-order optimizer, this rank's own figures (no basis
+travels; the policy sync's bytes are still counted).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +34,17 @@ class DataParallel:
     policy_sync: PolicySync
     exchange: VersionExchange | None
     """The version exchange of a replicated second-order optimizer (None: AdamW, or FSDP2)."""
-    shards: DistributedFigures | None
-    """FSDP2: this rank's figures (it refreshes its own shards' blocks, and sends nothing)."""
+    own: DistributedFigures | None
+    """This rank's figures when no basis travels: FSDP2 (it refreshes its own shards' blocks)
+    or a first-order optimizer (no blocks). None with a version exchange."""
 
-    def figures(self) -> DistributedFigures | None:
-        """The record's `distributed` section at a boundary."""
-        return self.exchange.figures() if self.exchange is not None else self.shards
+    def figures(self) -> DistributedFigures:
+        """The record's `distributed` section at a boundary: every byte the runtime's
+        collectives moved (bases and headers, the policy sync)."""
+        figures = self.exchange.figures() if self.exchange is not None else self.own
+        return dataclasses.replace(
+            figures, bytes_sent=figures.bytes_sent + self.policy_sync.bytes_sent,
+            bytes_received=figures.bytes_received + self.policy_sync.bytes_received)
 
     def close(self) -> None:
         if self.exchange is not None:
@@ -62,17 +68,17 @@ def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy,
     A replicated second-order optimizer keeps factors only for the blocks this rank owns."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     sharded = any(local_shard(p) is not p for p in params)
-    shards = _shard_figures(optimizer) if sharded else None
-    policy_sync = PolicySync(policy, dist.get_rank(), reporter)
-    exchange = None
+    policy_sync = PolicySync(policy, dist.get_rank(), dist.get_world_size(), reporter)
     if isinstance(optimizer, BlockPreconditioner) and not sharded:
         exchange = _exchange_for(optimizer, policy)
         optimizer.keeps_factor = exchange.owns  # only owners keep factors
-    return DataParallel(dist.get_world_size(), policy_sync, exchange, shards)
+        return DataParallel(dist.get_world_size(), policy_sync, exchange, None)
+    return DataParallel(dist.get_world_size(), policy_sync, None, _own_figures(optimizer))
 
 
-def _shard_figures(optimizer: torch.optim.Optimizer) -> DistributedFigures:
-    """FSDP2: this rank refreshes the blocks of its own shards and sends no basis."""
+def _own_figures(optimizer: torch.optim.Optimizer) -> DistributedFigures:
+    """No basis travels: under FSDP2 this rank refreshes the blocks of its own shards; a
+    first-order optimizer has none."""
     topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
     blocks = len(optimizer.refresh_blocks()) if isinstance(optimizer, BlockPreconditioner) else 0
     return DistributedFigures(rank=topology.rank, world=topology.world, node=topology.node,

@@ -1,12 +1,14 @@
-"""Policy changes on every rank at one step, without a barrier.
+"""Policy changes on every rank at one step, without a barrier, and 8 bytes a step otherwise.
 
 Rank 0 (whose control plane takes the PATCH) takes its queued changes at the boundary of step t
-and broadcasts them asynchronously, on a gloo group of their own; every rank, rank 0 included,
-waits for that message at the boundary of t + 1 (a whole step later, so normally it is there)
-and applies it there: the change is in force from step t + 2 on every rank, which is what the
-PATCH answered (`LivePolicy.apply_after = 2`). The message is a fixed-size buffer (the policy is
-a few hundred bytes of JSON), so every rank posts the same collective every boundary; a wait for
-a late one is `sync_wait`.
+and broadcasts their size asynchronously, on a gloo group of their own: an 8-byte header that
+every rank, rank 0 included, waits for at the boundary of t + 1 (a whole step later, so normally
+it is there). A header of 0 (no change: nearly every step) ends it. Otherwise the changes follow
+as one broadcast of that many bytes of JSON at t + 1, and every rank applies them there: the
+change is in force from step t + 2 on every rank, which is what the PATCH answered
+(`LivePolicy.apply_after = 2`). Every rank posts the same collectives at every boundary; a wait
+for a late one is `sync_wait`. Bytes are counted as the version exchange counts them (payload x
+receivers sent by rank 0, payload received by every other rank).
 """
 
 from __future__ import annotations
@@ -21,39 +23,62 @@ from asteria_core.policy import LivePolicy, Policy, PolicyChange, PolicyError
 from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.reporter import Reporter
 
+HEADER_BYTES = 8
 MESSAGE_BYTES = 16 * 1024
-"""Room for the policy, its version and the changes of one boundary, as JSON."""
+"""The most bytes one boundary's changes may take: the policy, its version and the changes."""
 
 
 class PolicySync:
-    def __init__(self, live: LivePolicy, rank: int, reporter: Reporter) -> None:
-        self.live, self.rank, self.reporter = live, rank, reporter
+    def __init__(self, live: LivePolicy, rank: int, world: int, reporter: Reporter) -> None:
+        self.live, self.rank, self.world, self.reporter = live, rank, world, reporter
+        self.bytes_sent = 0
+        self.bytes_received = 0
         self._group = dist.new_group(backend="gloo")  # collective: every rank, same order
-        self._buffer = torch.zeros(MESSAGE_BYTES, dtype=torch.uint8)
+        self._header = torch.zeros(1, dtype=torch.int64)
+        self._message = torch.zeros(0, dtype=torch.uint8)
+        """Rank 0: the changes whose header is in flight (sent at the next boundary)."""
         self._work = None
         live.apply_after = 2
         if rank != 0:
             live.add_validator(_through_rank_zero)
 
     def at_boundary(self, step: int) -> list[PolicyChange]:
-        """The policy stage of the step boundary: apply what rank 0 sent at the last boundary,
-        then send this boundary's changes. Returns the changes applied now."""
+        """The policy stage of the step boundary: apply what rank 0 announced at the last
+        boundary, then announce this boundary's changes. Returns the changes applied now."""
         applied = []
         if self._work is not None:
             with self.reporter.wait(IdleCause.SYNC_WAIT):
                 self._work.wait()
-            message = _decode(self._buffer)
-            if message is not None:
-                applied = self.live.apply(*message, step=step)
-        self._buffer = _encode(*self.live.take_pending(step)) if self.rank == 0 else \
-            torch.zeros(MESSAGE_BYTES, dtype=torch.uint8)
-        self._work = dist.broadcast(self._buffer, src=0, group=self._group, async_op=True)
+                size = int(self._header.item())
+                if size:
+                    message = self._message if self.rank == 0 else \
+                        torch.empty(size, dtype=torch.uint8)
+                    dist.broadcast(message, src=0, group=self._group)
+                    self._count(size)
+            if size:
+                applied = self.live.apply(*_decode(message), step=step)
+        self._message = _encode(*self.live.take_pending(step)) if self.rank == 0 else \
+            self._message
+        self._header = torch.tensor([self._message.numel() if self.rank == 0 else 0])
+        self._work = dist.broadcast(self._header, src=0, group=self._group, async_op=True)
+        self._count(HEADER_BYTES)
         return applied
 
+    def _count(self, nbytes: int) -> None:
+        if self.rank == 0:
+            self.bytes_sent += nbytes * (self.world - 1)
+        else:
+            self.bytes_received += nbytes
+
     def close(self) -> None:
-        """Wait for the last message (every rank posted it), so the group can be torn down."""
+        """Wait for the last header (every rank posted it), so the group can be torn down; a
+        change announced there is never applied (the run ends before its step)."""
         if self._work is not None:
             self._work.wait()
+            if int(self._header.item()):
+                message = self._message if self.rank == 0 else \
+                    torch.empty(int(self._header.item()), dtype=torch.uint8)
+                dist.broadcast(message, src=0, group=self._group)
             self._work = None
 
 
@@ -63,24 +88,19 @@ def _through_rank_zero(proposed: Policy) -> None:
 
 
 def _encode(policy: Policy, version: int, changes: list[PolicyChange]) -> torch.Tensor:
-    buffer = torch.zeros(MESSAGE_BYTES, dtype=torch.uint8)
+    """The changes of one boundary as JSON bytes (none: nothing changed)."""
     if not changes:
-        return buffer  # length 0: nothing changed
+        return torch.zeros(0, dtype=torch.uint8)
     text = json.dumps({"policy": policy.to_dict(), "version": version,
                        "changes": [dataclasses.asdict(c) for c in changes]}).encode()
-    if len(text) > MESSAGE_BYTES - 8:
+    if len(text) > MESSAGE_BYTES:
         raise PolicyError("policy", f"a change of {len(text)} bytes does not fit the "
-                                    f"{MESSAGE_BYTES - 8} bytes a boundary carries")
-    buffer[:8] = torch.tensor(list(len(text).to_bytes(8, "little")), dtype=torch.uint8)
-    buffer[8:8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    return buffer
+                                    f"{MESSAGE_BYTES} bytes a boundary carries")
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8)
 
 
-def _decode(buffer: torch.Tensor) -> tuple[Policy, int, list[PolicyChange]] | None:
-    size = int.from_bytes(bytes(buffer[:8].tolist()), "little")
-    if size == 0:
-        return None
-    data = json.loads(bytes(buffer[8:8 + size].tolist()))
+def _decode(message: torch.Tensor) -> tuple[Policy, int, list[PolicyChange]]:
+    data = json.loads(bytes(message.tolist()))
     changes = [PolicyChange(**{**c, "diff": {k: tuple(v) for k, v in c["diff"].items()}})
                for c in data["changes"]]
     return Policy(**data["policy"]), data["version"], changes

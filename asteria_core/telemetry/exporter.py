@@ -225,9 +225,10 @@ class _RecordCollector(Collector):
                                 "(torchrun's layout).", value=f.node)
         yield GaugeMetricFamily("asteria_distributed_owned_blocks", "Preconditioner blocks "
                                 "this rank refreshes.", value=f.owned_blocks)
-        moved = CounterMetricFamily("asteria_distributed_exchange_bytes", "Logical bytes of "
-                                    "new bases this rank's version exchange moved since the "
-                                    "start: sent (payload x receivers) and received.",
+        moved = CounterMetricFamily("asteria_distributed_exchange_bytes", "Logical bytes "
+                                    "this rank's optimizer collectives (new bases and headers, "
+                                    "policy sync) moved since the start: sent (payload x "
+                                    "receivers) and received.",
                                     labels=["direction"])
         moved.add_metric(["sent"], f.bytes_sent)
         moved.add_metric(["received"], f.bytes_received)

@@ -84,7 +84,9 @@ class DistributedFigures:
     owned_blocks: int
     """Preconditioner blocks this rank refreshes (and keeps the factor statistics of)."""
     bytes_sent: int
-    """Logical bytes of new bases this rank sent (payload x receivers), since the start."""
+    """Logical bytes this rank's optimizer collectives sent since the start (payload x
+    receivers): new bases with their headers, and the policy sync's (asteria_core/distributed).
+    DDP's own gradient all-reduce is not counted: every data-parallel optimizer pays it."""
     bytes_received: int
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from asteria_bench.options import BenchOptions
 from asteria_bench.suites import distributed, load, serving, tiers
+from asteria_core.distributed.policy_sync import HEADER_BYTES
 
 TINY_MODEL = ("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16",
               "--model.block_size", "16", "--data.batch_size", "2")
@@ -122,30 +123,36 @@ def test_serving_suite_measures_telemetry_and_a_served_run_under_load(tmp_path, 
 @pytest.mark.multiproc
 def test_distributed_suite_runs_real_torchrun_jobs(tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "QUICK", distributed.Sizes(
-        steps=6, interval=3, repeats=1, worlds=(1, 2), quick_configs=True, n_layer=1,
-        n_embd=32, block_size=16))
+        steps=8, eval_at=(4,), interval=3, seeds=1, worlds=(2,), quick_configs=True,
+        n_layer=1, n_embd=32, block_size=16))
     opts = options(tmp_path, "distributed")
     load("distributed").run(opts)
     data = json.loads((opts.out_dir / "distributed.json").read_text())
     check_common(data, "distributed", opts.out_dir)
-    chosen = distributed.configs(distributed.QUICK)
+    reference = data["config"]["distributed_shampoo"]
+    chosen = distributed.configs(distributed.QUICK, with_reference=reference)
     assert [(r["world"], r["label"]) for r in data["runs"]] == [(c[0], c[1]) for c in chosen]
-    assert {c[0] for c in chosen} == {1, 2}
+    labels = {r["label"] for r in data["runs"]}
+    if reference:  # its source on the path here: its rows are measured
+        assert distributed.DS_FP32 in labels
+    else:  # absent: the report says how to get it
+        assert distributed.DS_FP32 not in labels
+        assert any(distributed.SOURCE_ENV in f for f in data["findings"])
     for r in data["runs"]:
-        assert len(r["ranks"]) == r["world"]
+        assert len(r["ranks"]) == r["world"] == 2
         for rank in r["ranks"]:
-            assert len(rank["step_seconds"]) == 6
+            assert len(rank["step_seconds"]) == 8
             assert all(finite_positive(t) for t in rank["step_seconds"])
-            assert math.isfinite(rank["eval_loss"])
-        if r["world"] == 2 and "SOAP" in r["label"]:
-            # Every block has one owner: the ranks' factors together are one process's.
-            one = next(x for x in data["runs"] if x["world"] == 1 and "SOAP" in x["label"])
-            assert sum(r["factor_bytes_per_rank"]) == sum(one["factor_bytes_per_rank"])
-            assert r["bytes_per_step_per_rank"] > 0
-        if "all-gather" in r["label"]:
-            assert r["allgather_bytes_per_step_per_rank"] > 0
+            assert math.isfinite(rank["eval_loss"]) and set(rank["eval_at"]) == {"4"}
+            assert rank["state_bytes"] > 0
+        # One byte convention: every optimizer collective counted, AdamW's policy header too.
+        assert r["bytes_per_step_per_rank"] >= HEADER_BYTES
+        if "SOAP" in r["label"] or "synchronous" in r["label"]:
+            assert r["bytes_per_round_per_rank"] > r["bytes_per_step_per_rank"] > 0
+            assert r["first_round_bytes_per_rank"] > 0
     (table,) = data["tables"]
     assert len(table["rows"]) == len(chosen)
-    assert set(data["headline"]) == {"factor_memory_per_rank_2", "sync_wait_ms_async_2",
-                                     "bytes_vs_allgather_2"}
-    assert 0 < data["headline"]["factor_memory_per_rank_2"]["value"] < 1
+    assert "loss_gap_s5_2" in data["headline"]
+    if reference:
+        assert {"bytes_vs_distributed_shampoo_2", "state_vs_distributed_shampoo_2"} <= \
+            set(data["headline"])

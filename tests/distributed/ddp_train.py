@@ -141,6 +141,7 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     exchange, engine = runtime.exchange, runtime.refresh
+    policy_sync = None if runtime.data_parallel is None else runtime.data_parallel.policy_sync
     scraped = "" if metrics_port is None else urllib.request.urlopen(
         f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
@@ -171,6 +172,9 @@ def main() -> None:
         "blocks": None if exchange is None else len(exchange.owners),
         "bytes_sent": None if exchange is None else exchange.bytes_sent,
         "bytes_received": None if exchange is None else exchange.bytes_received,
+        "policy_bytes": None if policy_sync is None else
+        [policy_sync.bytes_sent, policy_sync.bytes_received],
+        "boundaries": len(records),
     }))
     if world > 1:
         dist.destroy_process_group()

@@ -156,6 +156,7 @@ def main() -> None:
         "distributed": None if records[-1].distributed is None else
         dataclasses.asdict(records[-1].distributed),
         "staleness_max": max(r.refresh.staleness_max for r in records),
+        "boundaries": len(records),
     }))
     if not args.single:
         dist.destroy_process_group()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from asteria_core.distributed import Topology, assign_owners
+from asteria_core.distributed.policy_sync import HEADER_BYTES, MESSAGE_BYTES
 from asteria_core.optim.seam import BlockInfo, BlockKey
 from backend.store import RunStore
 from tests.backend.conftest import free_port
@@ -89,7 +90,15 @@ def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, refe
         section = r["distributed"]  # at the last boundary; the last round travels on after it
         assert (section["rank"], section["world"], section["node"], section["owned_blocks"]) \
             == (r["rank"], world, r["rank"] // nproc, r["owned"])
-        assert 0 < section["bytes_received"] <= r["bytes_received"]
+        policy_sent, policy_received = r["policy_bytes"]
+        assert 0 < section["bytes_received"] <= r["bytes_received"] + policy_received
+        # The policy sync: an 8-byte header per boundary, and the one change's JSON once.
+        change = (policy_sent / (world - 1) if r["rank"] == 0 else policy_received) \
+            - HEADER_BYTES * r["boundaries"]
+        assert 0 < change <= MESSAGE_BYTES
+        moved = HEADER_BYTES * r["boundaries"] + change
+        expected = ((world - 1) * moved, 0) if r["rank"] == 0 else (0, moved)
+        assert (policy_sent, policy_received) == expected
         assert 'run_id="ddp-rank0"' in r["metrics"]
         assert 'asteria_device_idle_seconds_total{cause="sync_wait"}' in r["metrics"]
         target = (tmp_path / "targets" / f"asteria-rank{r['rank']}.yml").read_text()
@@ -160,9 +169,10 @@ def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path, mode)
         steps = store.steps(run["id"], 0, 100)
         assert [s["step"] for s in steps] == list(range(1, 13))
         assert {s["distributed"]["world"] for s in steps} == {2}
-        if mode:  # FSDP2: each rank preconditions its own shards, so no basis travels
-            assert {s["distributed"]["bytes_sent"] + s["distributed"]["bytes_received"]
-                    for s in steps} == {0}
+        if mode:  # FSDP2: each rank preconditions its own shards, so no basis travels;
+            # rank 0 sends only the policy sync's 8-byte header per boundary (no change here)
+            assert [s["distributed"]["bytes_sent"] + s["distributed"]["bytes_received"]
+                    for s in steps] == [HEADER_BYTES * s["step"] for s in steps]
     finally:
         store.close()
     target = (data / "targets" / "asteria-rank1.yml").read_text()

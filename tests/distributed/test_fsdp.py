@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from asteria_core.distributed.policy_sync import HEADER_BYTES
 from tests.backend.conftest import free_port
 
 pytestmark = pytest.mark.multiproc
@@ -51,7 +52,8 @@ def test_fsdp2_on_2_ranks_matches_the_single_process_blocked_run(sharded, tmp_pa
         assert params.keys() == single.keys()
         rel = max(((params[k] - single[k]).norm() / single[k].norm()).item() for k in single)
         assert rel < 1e-5
-    # Each rank preconditions its own shards: no factor twice, no exchange, no bytes sent.
+    # Each rank preconditions its own shards: no factor twice, no exchange, no basis sent; the
+    # only bytes are the policy sync's 8-byte header per boundary (no policy change here).
     reports = [report for _, report in ranks]
     assert sum(r["blocks"] for r in reports) == single_report["blocks"]
     assert sum(r["factor_bytes"] for r in reports) == single_report["factor_bytes"]
@@ -59,9 +61,11 @@ def test_fsdp2_on_2_ranks_matches_the_single_process_blocked_run(sharded, tmp_pa
     for rank, report in enumerate(reports):
         assert report["factor_bytes"] == single_report["factor_bytes"] // WORLD
         assert not report["exchange"]
+        header = HEADER_BYTES * report["boundaries"]
         assert report["distributed"] == {"rank": rank, "world": WORLD, "node": 0,
-                                         "owned_blocks": report["blocks"], "bytes_sent": 0,
-                                         "bytes_received": 0}
+                                         "owned_blocks": report["blocks"],
+                                         "bytes_sent": header * (WORLD - 1) if rank == 0 else 0,
+                                         "bytes_received": 0 if rank == 0 else header}
         assert report["staleness_max"] <= 2  # ddp_train.POLICY's bound
 
 
