@@ -112,6 +112,10 @@ def main() -> None:
     cli.add_argument("--bound", type=int, default=5)
     cli.add_argument("--delay", default="auto")
     cli.add_argument("--workers", type=int, default=1)
+    cli.add_argument("--state", default="replicated", help="replicated | sharded (Asteria)")
+    cli.add_argument("--update-dtype", default="exact", help="the sharded mode's: exact | bf16")
+    cli.add_argument("--pack-factors", action="store_true",
+                     help="SOAP keeps each factor block's upper triangle only")
     cli.add_argument("--coherence", type=float, default=0.0,
                      help="skip (and send no) refresh whose basis moved less than this")
     cli.add_argument("--seed", type=int, default=0,
@@ -137,8 +141,11 @@ def main() -> None:
         policy = asteria.Policy(refresh_interval=args.interval, staleness_bound=args.bound,
                                 swap_delay=delay, workers=args.workers)
         extra = {"coherence_threshold": args.coherence} if args.coherence else {}
+        if args.pack_factors:
+            extra["pack_factors"] = True
         opt = asteria.optimizer(model, args.optimizer, lr=LR, policy=policy,
                                 telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
+                                distributed_state=args.state, update_dtype=args.update_dtype,
                                 **extra)
         runtime = opt.runtime
         runtime.add_listener(records.append)
@@ -200,8 +207,8 @@ def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -
     runtime.close()
     moved = data_parallel.figures() if data_parallel is not None else None
     total = 0 if moved is None else moved.bytes_sent + moved.bytes_received
-    # Rounds after the first fall due at 1 + k * interval; the steady rate is their bytes (and
-    # the policy headers between them) over the steps they span.
+    # After step 1 (the first bases, a one-off): the mean per step, and per round (rounds fall
+    # due at 1 + k * interval; a round's figure includes the policy headers of its steps).
     steady = total - first_round_bytes
     rounds = (args.steps - 1) // args.interval if refresh else 0
     steady_records = records[args.interval:]
@@ -219,8 +226,7 @@ def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -
         "bytes_sent": 0 if moved is None else moved.bytes_sent,
         "bytes_received": 0 if moved is None else moved.bytes_received,
         "first_round_bytes": first_round_bytes,
-        "bytes_per_step": steady / (rounds * args.interval) if rounds else
-        steady / (args.steps - 1),
+        "bytes_per_step": steady / (args.steps - 1),
         "bytes_per_round": steady / rounds if rounds else None,
     }
 

@@ -12,7 +12,10 @@ second-order run. Configurations:
 - Asteria SOAP, S in {1, 3, 5}: owner ranks refresh on one host worker each, the new bases
   travel in the background and every rank swaps them at one step within S;
 - synchronous baseline: the owner refreshes inline at the refresh step and broadcasts at once,
-  every rank waiting for it there (workers 0, swap delay 0: the same bytes, all waited for).
+  every rank waiting for it there (workers 0, swap delay 0: the same bytes, all waited for);
+- Asteria SOAP S=5 with sharded state (distributed/sharded.py): each rank keeps and updates only
+  its own parameters' state (factors packed to their upper triangle, as Distributed Shampoo
+  keeps them) and sends the updates every step, exact or rounded to bf16.
 
 Bytes: one convention for all (docs/architecture.md, "One byte convention"): logical bytes sent
 plus received per rank per step, every collective the optimizer posts counted (Asteria: bases,
@@ -70,6 +73,9 @@ ADAMW = "DDP AdamW"
 DS_FP32 = "Distributed Shampoo, fp32 exchange"
 DS_BF16 = "Distributed Shampoo, bf16 exchange"
 SYNC = "Asteria synchronous (inline refresh, broadcast at the refresh step)"
+SHARDED = "Asteria SOAP S=5, sharded state, exact updates"
+SHARDED_BF16 = "Asteria SOAP S=5, sharded state, bf16 updates"
+SHARDED_ARGS = ["--bound", "5", "--state", "sharded", "--pack-factors"]
 DS_ARGS = ["--optimizer", "distributed_shampoo", "--exchange-dtype"]
 # (world, label, short label for the plot, rank arguments, in the quick set, seeds: all | 1)
 CONFIGS = [
@@ -80,11 +86,14 @@ CONFIGS = [
     (2, "Asteria SOAP S=3", "S=3", ["--bound", "3"], False, True),
     (2, "Asteria SOAP S=5", "S=5", ["--bound", "5"], True, True),
     (2, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], True, True),
+    (2, SHARDED, "sharded\nexact", [*SHARDED_ARGS], True, True),
+    (2, SHARDED_BF16, "sharded\nbf16", [*SHARDED_ARGS, "--update-dtype", "bf16"], False, True),
     (4, ADAMW, "AdamW", ["--optimizer", "adamw"], False, False),
     (4, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], False, False),
     (4, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, False),
     (4, "Asteria SOAP S=5", "S=5", ["--bound", "5"], False, False),
     (4, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], False, False),
+    (4, SHARDED, "sharded\nexact", [*SHARDED_ARGS], False, False),
 ]
 
 
@@ -284,6 +293,21 @@ def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
                     result.quote("loss_gap_s5_2", round(gap, 4),
                                  "S = 5 ends {value:+.3f} eval loss from the synchronous "
                                  "exchange at 2 ranks (mean over seeds)")
+    sharded = find(rows, world, SHARDED)
+    if sharded and ds:
+        state = max(sharded["state_bytes_per_rank"]) / max(ds["state_bytes_per_rank"])
+        ratio = sharded["bytes_per_step_per_rank"] / ds["bytes_per_step_per_rank"]
+        result.findings.append(
+            f"At {world} ranks the sharded mode keeps {state:.2f}x Distributed Shampoo's "
+            f"optimizer state on its largest rank ({_kib(sharded['state_bytes_per_rank'])} "
+            f"against {_kib(ds['state_bytes_per_rank'])} KiB) and moves {ratio:.2f}x its bytes "
+            f"per step ({sharded['bytes_per_step_per_rank']:,.0f}): the updates travel every "
+            f"step, as Distributed Shampoo's do; step p50 {sharded['step_ms']:.1f} against "
+            f"{ds['step_ms']:.1f} ms, eval loss {sharded['eval_loss']:.4f}.")
+        if world == 2:
+            result.quote("sharded_state_vs_distributed_shampoo_2", round(state, 3),
+                         "in the sharded mode it keeps {value:.2f}x Distributed Shampoo's "
+                         "state per rank")
     if soap and adamw:
         result.findings.append(
             f"A SOAP step at {world} ranks took {soap['step_ms'] / adamw['step_ms']:.2f}x "

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from asteria_core.distributed.exchange import VersionExchange
 from asteria_core.distributed.policy_sync import PolicySync
+from asteria_core.distributed.sharded import DISTRIBUTED_STATES, ShardedState
 from asteria_core.distributed.topology import Topology, assign_owners
 from asteria_core.optim.base import BlockPreconditioner, local_shard
 from asteria_core.policy import LivePolicy, Policy, PolicyError, SwapMode
@@ -35,16 +36,28 @@ class DataParallel:
     exchange: VersionExchange | None
     """The version exchange of a replicated second-order optimizer (None: AdamW, or FSDP2)."""
     own: DistributedFigures | None
-    """This rank's figures when no basis travels: FSDP2 (it refreshes its own shards' blocks)
-    or a first-order optimizer (no blocks). None with a version exchange."""
+    """This rank's figures when no basis travels: FSDP2 (it refreshes its own shards' blocks),
+    the sharded mode (its own parameters' blocks) or a first-order optimizer (no blocks). None
+    with a version exchange."""
+    sharded_state: ShardedState | None = None
+    """The sharded mode (distributed/sharded.py): parameters have owners, updates travel."""
+
+    def before_step(self) -> None:
+        if self.sharded_state is not None:
+            self.sharded_state.before_step()
+
+    def after_step(self) -> None:
+        if self.sharded_state is not None:
+            self.sharded_state.after_step()
 
     def figures(self) -> DistributedFigures:
         """The record's `distributed` section at a boundary: every byte the runtime's
         collectives moved (bases and headers, the policy sync)."""
         figures = self.exchange.figures() if self.exchange is not None else self.own
+        movers = [self.policy_sync, *([self.sharded_state] if self.sharded_state else [])]
         return dataclasses.replace(
-            figures, bytes_sent=figures.bytes_sent + self.policy_sync.bytes_sent,
-            bytes_received=figures.bytes_received + self.policy_sync.bytes_received)
+            figures, bytes_sent=figures.bytes_sent + sum(m.bytes_sent for m in movers),
+            bytes_received=figures.bytes_received + sum(m.bytes_received for m in movers))
 
     def close(self) -> None:
         if self.exchange is not None:
@@ -62,13 +75,27 @@ def data_parallel(distributed: bool | None) -> bool:
     return distributed is not False and running and dist.get_world_size() > 1
 
 
-def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy,
-           reporter: Reporter) -> DataParallel:
+def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy, reporter: Reporter,
+           state: str = "replicated", update_dtype: str = "exact") -> DataParallel:
     """This rank's part of the job (call on every rank, in the same order: it makes groups).
-    A replicated second-order optimizer keeps factors only for the blocks this rank owns."""
+    `state` replicated: a second-order optimizer keeps factors only for the blocks this rank
+    owns, bases travel; sharded: the state of the parameters this rank owns, updates travel in
+    `update_dtype` (distributed/sharded.py)."""
+    if state not in DISTRIBUTED_STATES:
+        raise ValueError(f"distributed_state: got {state!r}; allowed: "
+                         f"{' | '.join(DISTRIBUTED_STATES)}")
     params = [p for g in optimizer.param_groups for p in g["params"]]
     sharded = any(local_shard(p) is not p for p in params)
-    policy_sync = PolicySync(policy, dist.get_rank(), dist.get_world_size(), reporter)
+    if sharded and state == "sharded":
+        raise ValueError("distributed_state: got 'sharded', but the parameters are FSDP2 "
+                         "shards, whose state is sharded already; allowed: replicated")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    policy_sync = PolicySync(policy, rank, world, reporter)
+    if state == "sharded":
+        sharded_state = ShardedState(optimizer, rank, world, update_dtype)
+        owned = set(sharded_state.owned_indices())
+        return DataParallel(world, policy_sync, None, _own_figures(optimizer, owned),
+                            sharded_state)
     if isinstance(optimizer, BlockPreconditioner) and not sharded:
         exchange = _exchange_for(optimizer, policy)
         optimizer.keeps_factor = exchange.owns  # only owners keep factors
@@ -76,11 +103,14 @@ def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy,
     return DataParallel(dist.get_world_size(), policy_sync, None, _own_figures(optimizer))
 
 
-def _own_figures(optimizer: torch.optim.Optimizer) -> DistributedFigures:
-    """No basis travels: under FSDP2 this rank refreshes the blocks of its own shards; a
-    first-order optimizer has none."""
+def _own_figures(optimizer: torch.optim.Optimizer,
+                 params: set[int] | None = None) -> DistributedFigures:
+    """No basis travels: under FSDP2 this rank refreshes the blocks of its own shards (or of
+    `params`, the sharded mode's); a first-order optimizer has none."""
     topology = Topology.from_env(dist.get_world_size(), dist.get_rank())
-    blocks = len(optimizer.refresh_blocks()) if isinstance(optimizer, BlockPreconditioner) else 0
+    blocks = len([b for b in optimizer.refresh_blocks()
+                  if params is None or b.key.param in params]) \
+        if isinstance(optimizer, BlockPreconditioner) else 0
     return DistributedFigures(rank=topology.rank, world=topology.world, node=topology.node,
                               owned_blocks=blocks, bytes_sent=0, bytes_received=0)
 

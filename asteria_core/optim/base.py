@@ -482,12 +482,18 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise KeyError(f"{key}: the parameter has not taken a step yet")
         return state
 
-    def _init_blocks(self, state: dict, layout: Layout, like: torch.Tensor) -> None:
-        """Zero factors (an empty placeholder where another rank keeps the factor), identity
-        bases, version 0 and no stats step for every block."""
+    def _init_blocks(self, state: dict, layout: Layout, like: torch.Tensor,
+                     packed: bool = False) -> None:
+        """Zero factors (an empty placeholder where another rank keeps the factor; `packed`:
+        the upper triangle only), identity bases, version 0 and no stats step for every
+        block."""
         kw = {"dtype": like.dtype, "device": like.device}
+
+        def factor(b: int) -> torch.Tensor:
+            return torch.zeros(b * (b + 1) // 2, **kw) if packed else torch.zeros(b, b, **kw)
+
         state[FACTORS] = [None if sizes is None else
-                          [torch.zeros(b, b, **kw) if self._keeps(dim, c) else
+                          [factor(b) if self._keeps(dim, c) else
                            torch.empty(0, **kw) for c, b in enumerate(sizes)]
                           for dim, sizes in enumerate(layout.chunks)]
         state[BASES] = new_blocks(layout, lambda b: torch.eye(b, **kw))

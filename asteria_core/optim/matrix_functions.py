@@ -14,6 +14,39 @@ import torch
 
 # The SOAP reference adds 1e-30 * I before eigh; kept so the first basis matches it.
 _EIGH_JITTER = 1e-30
+_TRIU: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _triu(b: int, device: torch.device) -> torch.Tensor:
+    """Indices of the upper triangle of a (b, b) matrix, row by row (cached per side)."""
+    key = (b, device)
+    if key not in _TRIU:
+        _TRIU[key] = torch.triu_indices(b, b, device=device)
+    return _TRIU[key]
+
+
+def pack_symmetric(a_bb: torch.Tensor) -> torch.Tensor:
+    """The upper triangle of a symmetric matrix, row by row: b (b + 1) / 2 values."""
+    rows, cols = _triu(a_bb.shape[0], a_bb.device)
+    return a_bb[rows, cols]
+
+
+def packed_side(n: int) -> int:
+    """b such that b (b + 1) / 2 = n."""
+    b = int(((8 * n + 1) ** 0.5 - 1) / 2)
+    if b * (b + 1) // 2 != n:
+        raise ValueError(f"{n} values are not the upper triangle of a square matrix")
+    return b
+
+
+def unpack_symmetric(a_p: torch.Tensor) -> torch.Tensor:
+    """The symmetric matrix whose upper triangle `pack_symmetric` gave."""
+    b = packed_side(a_p.numel())
+    rows, cols = _triu(b, a_p.device)
+    a_bb = torch.empty(b, b, dtype=a_p.dtype, device=a_p.device)
+    a_bb[rows, cols] = a_p
+    a_bb[cols, rows] = a_p
+    return a_bb
 
 
 def eigh_descending(a_bb: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from asteria_core.optim.matrix_functions import (
     overlap_transport,
     power_qr,
     power_qr_sorted,
+    unpack_symmetric,
 )
 
 
@@ -122,7 +123,7 @@ class FactorSnapshot:
     base_version: int
     """Version of the basis in use when the snapshot was taken (0: the initial identity)."""
     factor: torch.Tensor
-    """F_bb: the factor block (L or R statistics)."""
+    """F_bb: the factor block (L or R statistics), or its upper triangle, packed (1-D)."""
     basis: torch.Tensor | None
     """Q_bb in use at snapshot time; None when the refresh does not read it."""
     scale: float = 1.0
@@ -186,7 +187,9 @@ def refresh_fn(snapshot: FactorSnapshot, config: RefreshConfig) -> RefreshResult
 
 def _refresh(snapshot: FactorSnapshot, config: RefreshConfig,
              dtype: torch.dtype) -> RefreshResult:
-    factor_bb = snapshot.factor if snapshot.scale == 1.0 else snapshot.factor * snapshot.scale
+    factor_bb = snapshot.factor if snapshot.factor.dim() == 2 else \
+        unpack_symmetric(snapshot.factor)  # packed statistics open here, off the training thread
+    factor_bb = factor_bb if snapshot.scale == 1.0 else factor_bb * snapshot.scale
     perm_b = None
     match config.method:
         case RefreshMethod.INVERSE_ROOT:

@@ -48,6 +48,7 @@ from asteria_core.optim.base import (
     check_range,
 )
 from asteria_core.optim.layout import Layout, dim_outer, from_basis, map_dim_by, to_basis
+from asteria_core.optim.matrix_functions import pack_symmetric
 from asteria_core.optim.seam import BASIS_REFRESHES, BlockKey, RefreshConfig, RefreshResult
 
 EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
@@ -78,6 +79,10 @@ class SOAP(BlockPreconditioner):
         refresh_dtype: float32 | float64 compute dtype of refreshes (Default: float32, the
             reference; float64 costs the same on CPU).
         refresh_delay: swap a refresh computed at step t in at t + d (Default: 0, the reference).
+        pack_factors: keep each factor block's upper triangle only, b (b + 1) / 2 values (as
+            Distributed Shampoo does by default): about half the factor memory, the same
+            numbers up to rounding (the refresh opens it into the symmetric matrix, on the
+            worker). (Default: False, the reference.)
     """
 
     def __init__(self, params, lr: float = 3e-3, betas: tuple[float, float] = (0.95, 0.95),
@@ -87,7 +92,7 @@ class SOAP(BlockPreconditioner):
                  normalize_grads: bool = False, correct_bias: bool = True,
                  block_size: int | None = None, refresh: str = "power_qr",
                  moment_swap: str = "reference", refresh_dtype: str = "float32",
-                 refresh_delay: int = 0) -> None:
+                 refresh_delay: int = 0, pack_factors: bool = False) -> None:
         for i, beta in enumerate(betas):
             check_range(f"betas[{i}]", beta, 0.0, 1.0)
         if shampoo_beta >= 0:
@@ -100,7 +105,8 @@ class SOAP(BlockPreconditioner):
                     "max_precond_dim": max_precond_dim, "merge_dims": merge_dims,
                     "precondition_1d": precondition_1d, "normalize_grads": normalize_grads,
                     "correct_bias": correct_bias, "block_size": block_size, "refresh": refresh,
-                    "moment_swap": moment_swap, "refresh_dtype": refresh_dtype}
+                    "moment_swap": moment_swap, "refresh_dtype": refresh_dtype,
+                    "pack_factors": pack_factors}
         super().__init__(params, defaults, refresh_delay=refresh_delay)
 
     def _block_refresh_config(self, group: dict, layout: Layout, dim: int) -> RefreshConfig:
@@ -114,7 +120,7 @@ class SOAP(BlockPreconditioner):
             state[STEP] = 0
             state[EXP_AVG_E] = torch.zeros_like(grad)
             state[EXP_AVG_SQ] = torch.zeros_like(grad)
-            self._init_blocks(state, layout, grad)
+            self._init_blocks(state, layout, grad, packed=group.get("pack_factors", False))
             self._update_factors(grad, state[FACTORS], layout, shampoo_beta)
             # The reference's first call only builds statistics and the first basis, so the
             # current gradient never enters its own projection.
@@ -149,6 +155,8 @@ class SOAP(BlockPreconditioner):
                         zip(factors[dim], dim_outer(grad, dim, sizes), strict=True)):
                     out = self._factor_out(factors[dim], c)
                     if out is not None:
+                        if factor_bb.dim() == 1:  # packed: its upper triangle
+                            outer_bb = pack_symmetric(outer_bb)
                         torch.lerp(factor_bb, outer_bb, 1 - beta, out=out)
 
     def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:

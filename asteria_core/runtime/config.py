@@ -38,6 +38,14 @@ class RuntimeConfig:
     distributed: bool | None = None
     """Refresh as one rank of a data-parallel job (owner ranks, bases sent to every rank);
     None decides by whether torch.distributed is initialized with more than one rank."""
+    distributed_state: str = "replicated"
+    """Data-parallel runs: replicated (every rank keeps every basis and moment, owners' new
+    bases travel once per refresh: few bytes) | sharded (each rank keeps and updates only its
+    own parameters' state, the updates travel every step: about 1/W of the state).
+    distributed/sharded.py; the README's table says which to pick."""
+    update_dtype: str = "exact"
+    """The sharded mode's updates travel as: exact (the parameters' own values) | bf16 (the
+    change rounded to bfloat16, which every rank applies alike: half float32's bytes)."""
     refresh_fn: RefreshFn = default_refresh_fn
     """The refresh math (the seam; a test may slow it down)."""
     coherence_threshold: float = 0.0

@@ -48,6 +48,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
               telemetry: TelemetryConfig | None = None, reporter: RunReporter | None = None,
               run_id: str | None = None, run_dir: str | Path | None = None,
               records: str | Path | None = None, coherence_threshold: float = 0.0,
+              distributed_state: str = "replicated", update_dtype: str = "exact",
               **options: Any) -> torch.optim.Optimizer:
     """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
 
@@ -56,7 +57,8 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     groups (then mark phases with `opt.runtime.phase(...)`). The refresh interval comes from the
     policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
     class's own default) applies to matrices only when a module is given. See `RuntimeConfig` for
-    `telemetry`, `reporter`, `run_id`, `run_dir`, `records` and `coherence_threshold`.
+    `telemetry`, `reporter`, `run_id`, `run_dir`, `records`, `coherence_threshold`,
+    `distributed_state` and `update_dtype`.
     """
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
     is_module = isinstance(model, torch.nn.Module)
@@ -69,5 +71,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     Runtime(opt, model=model if is_module else None,
             config=RuntimeConfig(policy=live, telemetry=telemetry, reporter=reporter,
                                  run_id=run_id, run_dir=run_dir, records=records,
-                                 optimizer_name=name, coherence_threshold=coherence_threshold))
+                                 optimizer_name=name, coherence_threshold=coherence_threshold,
+                                 distributed_state=distributed_state,
+                                 update_dtype=update_dtype))
     return opt

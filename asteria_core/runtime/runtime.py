@@ -103,7 +103,8 @@ class Runtime:
         self.refresh: RefreshEngine | None = None
         self.tiers: TierStore | None = None
         self.data_parallel: DataParallel | None = \
-            attach(optimizer, self.policy, self.reporter) if parallel else None
+            attach(optimizer, self.policy, self.reporter, config.distributed_state,
+                   config.update_dtype) if parallel else None
         """This rank's part of a data-parallel job (distributed/attach.py), None alone."""
         if isinstance(optimizer, BlockPreconditioner):
             # Refreshes run off the critical path under the policy; state has a home tier.
@@ -262,9 +263,13 @@ class Runtime:
 
     def optimizer_begins(self, optimizer: torch.optim.Optimizer) -> None:
         self._step.read_lr(optimizer)
+        if self.data_parallel is not None:
+            self.data_parallel.before_step()  # sharded: other ranks' parameters are theirs
 
     def optimizer_done(self) -> None:
         """The update of a step is done: run the boundary, build the step's record."""
+        if self.data_parallel is not None:
+            self.data_parallel.after_step()  # sharded: every owner's update to every rank
         self.step += 1
         with self.timer.phase(Phase.BOUNDARY):
             sections = self.boundary(self.step)

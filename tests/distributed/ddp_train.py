@@ -79,6 +79,8 @@ def main() -> None:
                      help="skip (and send no) refresh whose basis moved less than this")
     cli.add_argument("--checkpoint-every", type=int, default=0,
                      help="every N steps each rank writes its checkpoint under <out>/ckpt")
+    cli.add_argument("--state", default="replicated", help="replicated | sharded")
+    cli.add_argument("--update-dtype", default="exact", help="the sharded mode's: exact | bf16")
     cli.add_argument("--die-at-step", type=int, default=0,
                      help="rank 1 kills itself (SIGKILL) at this step, in the first attempt")
     args = cli.parse_args()
@@ -110,7 +112,8 @@ def main() -> None:
     runtime = asteria.Runtime(opt, model=model, config=asteria.RuntimeConfig(
         policy=policy, refresh_fn=fn, start_step=start, coherence_threshold=args.coherence,
         telemetry=asteria.TelemetryConfig(nvml=False, rapl=False), run_id=f"ddp-rank{rank}",
-        distributed=False if args.every_rank_refreshes else None))
+        distributed=False if args.every_rank_refreshes else None,
+        distributed_state=args.state, update_dtype=args.update_dtype))
     records = []
     runtime.add_listener(records.append)
     metrics_port = None
@@ -175,9 +178,21 @@ def main() -> None:
         "policy_bytes": None if policy_sync is None else
         [policy_sync.bytes_sent, policy_sync.bytes_received],
         "boundaries": len(records),
+        "state_bytes": sum(t.numel() * t.element_size() for state in opt.state.values()
+                           for t in _tensors(state)),
+        "stateful_params": sorted(i for i, p in enumerate(model.parameters())
+                                  if opt.state.get(p)),
     }))
     if world > 1:
         dist.destroy_process_group()
+
+
+def _tensors(state):
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, dict | list | tuple):
+        for v in state.values() if isinstance(state, dict) else state:
+            yield from _tensors(v)
 
 
 if __name__ == "__main__":

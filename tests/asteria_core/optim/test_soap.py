@@ -3,6 +3,7 @@ rotation equivariance, moment handling at a swap."""
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -80,6 +81,38 @@ def test_matches_the_reference_formulation(shape, max_precond_dim):
     for grad, ours_after in zip(grads, trajectory, strict=True):
         ref.step(grad)
         torch.testing.assert_close(ours_after, ref.p, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_packed_factors_train_the_reference_numbers_in_about_half_the_memory(block_size):
+    """pack_factors keeps each factor block's upper triangle, b (b + 1) / 2 values; the
+    refresh opens it into the symmetric matrix, so the run is the reference's (to rounding),
+    and a checkpoint of it resumes."""
+    grads = structured_grads((6, 10), 22, seed=3)
+    p0 = torch.randn(6, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    runs, opts = [], []
+    for pack in (False, True):
+        p = p0.clone().requires_grad_(True)
+        opt = SOAP([p], lr=0.01, precondition_frequency=3, refresh_dtype="float64",
+                   block_size=block_size, pack_factors=pack)
+        runs.append(run_grads(opt, p, grads))
+        opts.append((opt, p))
+    for full, packed in zip(*runs, strict=True):
+        torch.testing.assert_close(packed, full, rtol=1e-9, atol=1e-12)
+    (full_opt, full_p), (packed_opt, packed_p) = opts
+    for dim_full, dim_packed in zip(full_opt.state[full_p][FACTORS],
+                                    packed_opt.state[packed_p][FACTORS], strict=True):
+        for f_bb, f_p in zip(dim_full, dim_packed, strict=True):
+            b = f_bb.shape[0]
+            assert f_p.shape == (b * (b + 1) // 2,)
+            assert torch.equal(f_p, f_bb[tuple(torch.triu_indices(b, b))])
+    resumed_p = packed_p.detach().clone().requires_grad_(True)
+    resumed = SOAP([resumed_p], lr=0.01, precondition_frequency=3, refresh_dtype="float64",
+                   block_size=block_size, pack_factors=True)
+    resumed.load_state_dict(copy.deepcopy(packed_opt.state_dict()))  # as if from a file
+    more = structured_grads((6, 10), 7, seed=9)
+    torch.testing.assert_close(run_grads(resumed, resumed_p, more)[-1],
+                               run_grads(packed_opt, packed_p, more)[-1], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("block_size", [32, 1000])
