@@ -7,7 +7,7 @@ import importlib
 from types import ModuleType
 
 SUITES = ("optimizers", "critical-path", "staleness", "runtime", "tiers", "serving",
-          "distributed", "scale", "scale-memory")
+          "distributed", "network", "scale", "scale-memory")
 
 
 def load(name: str) -> ModuleType:

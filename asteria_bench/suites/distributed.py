@@ -121,12 +121,13 @@ def free_port() -> int:
 
 
 def launch(world: int, sizes: Sizes, args: list[str], seed: int,
-           env: dict[str, str] | None) -> list[dict]:
-    """One torchrun job of `world` ranks; each rank's report. A port another process took
-    between choosing it and binding it fails the rendezvous: one retry on a new port."""
+           env: dict[str, str] | None, prefix: tuple[str, ...] = ()) -> list[dict]:
+    """One torchrun job of `world` ranks; each rank's report. `prefix` runs it inside
+    something (the network suite's namespace). A port another process took between choosing
+    it and binding it fails the rendezvous: one retry on a new port."""
     for attempt in range(2):
         with tempfile.TemporaryDirectory(prefix="asteria-bench-ddp-") as out:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+            cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                    str(world), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                    "-m", "asteria_bench.ddp_rank", "--out", out, "--steps", str(sizes.steps),
                    "--interval", str(sizes.interval), "--n-layer", str(sizes.n_layer),

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from asteria_core.distributed.exchange import VersionExchange
 from asteria_core.distributed.policy_sync import PolicySync
+from asteria_core.distributed.rebalance import Rebalancer
 from asteria_core.distributed.sharded import DISTRIBUTED_STATES, ShardedState
 from asteria_core.distributed.topology import Topology, assign_owners
 from asteria_core.optim.base import BlockPreconditioner, local_shard
@@ -41,6 +42,14 @@ class DataParallel:
     with a version exchange."""
     sharded_state: ShardedState | None = None
     """The sharded mode (distributed/sharded.py): parameters have owners, updates travel."""
+    rebalancer: Rebalancer | None = None
+    """Replicated mode with rebalancing on: owners move off a straggler (rebalance.py)."""
+
+    def at_boundary(self, step: int) -> DistributedFigures:
+        """The distributed stage of the boundary: ownership moves (when on), then figures."""
+        if self.rebalancer is not None:
+            self.rebalancer.at_boundary(step)
+        return self.figures()
 
     def before_step(self) -> None:
         if self.sharded_state is not None:
@@ -54,7 +63,8 @@ class DataParallel:
         """The record's `distributed` section at a boundary: every byte the runtime's
         collectives moved (bases and headers, the policy sync)."""
         figures = self.exchange.figures() if self.exchange is not None else self.own
-        movers = [self.policy_sync, *([self.sharded_state] if self.sharded_state else [])]
+        movers = [m for m in (self.policy_sync, self.sharded_state, self.rebalancer)
+                  if m is not None]
         return dataclasses.replace(
             figures, bytes_sent=figures.bytes_sent + sum(m.bytes_sent for m in movers),
             bytes_received=figures.bytes_received + sum(m.bytes_received for m in movers))

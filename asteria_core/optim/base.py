@@ -343,6 +343,40 @@ class BlockPreconditioner(torch.optim.Optimizer):
         state[VERSIONS][key.dim][key.chunk] = version + 1
         state[BASIS_STEPS][key.dim][key.chunk] = result.stats_step
 
+    def factor_of(self, key: BlockKey) -> torch.Tensor:
+        """A copy of block `key`'s factor statistics (empty where another rank keeps them)."""
+        p, _, _ = self._locate(key)
+        state = self._block_state(p, key)
+        with self._resident(key.param, state, Writes.NONE):
+            return state[FACTORS][key.dim][key.chunk].clone()
+
+    def holds_factor(self, key: BlockKey) -> bool:
+        """Whether this rank holds block `key`'s factor statistics (False before the block's
+        parameter took its first step)."""
+        p, _, _ = self._locate(key)
+        state = self.state.get(p)
+        return bool(state) and state[FACTORS][key.dim][key.chunk].numel() > 0
+
+    def factor_like(self, key: BlockKey) -> torch.Tensor:
+        """An uninitialised CPU tensor shaped as block `key`'s factor statistics (to receive
+        them): (b, b), or b (b + 1) / 2 values when the optimizer packs them."""
+        p, group, layout = self._locate(key)
+        b = layout.chunks[key.dim][key.chunk]
+        like = self._block_state(p, key)[FACTORS][key.dim][key.chunk]
+        shape = (b * (b + 1) // 2,) if group.get("pack_factors") else (b, b)
+        return torch.empty(shape, dtype=like.dtype)
+
+    def hand_factor(self, key: BlockKey, factor: torch.Tensor | None) -> None:
+        """Block `key` changed owner rank (distributed/rebalance.py): keep `factor`, its
+        statistics as the old owner had them, or None: keep none (an empty placeholder)."""
+        p, _, _ = self._locate(key)
+        state = self._block_state(p, key)
+        with self._resident(key.param, state, Writes.ALL):
+            old = state[FACTORS][key.dim][key.chunk]
+            kept = torch.empty(0, dtype=old.dtype, device=old.device) if factor is None else \
+                factor.to(old.device, old.dtype)
+            state[FACTORS][key.dim][key.chunk] = kept
+
     def basis_step(self, key: BlockKey) -> int:
         """The step whose statistics made the basis in use (-1: initial identity)."""
         p, _, _ = self._locate(key)

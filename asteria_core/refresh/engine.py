@@ -193,6 +193,9 @@ class RefreshEngine:
         """Refreshes this rank computed and swapped in (or failed), and their worker seconds."""
         self.work_seconds = 0.0
         self.computed_seconds = 0.0
+        self.computed_cost = 0.0
+        """Cost (b^3) of the refreshes in `computed_seconds`: their ratio is this rank's
+        refresh speed (distributed/rebalance.py reads it)."""
         """Seconds of every refresh computed so far, swapped in yet or not (work_seconds counts
         those swapped in)."""
         self.waited_seconds = 0.0
@@ -481,6 +484,7 @@ class RefreshEngine:
         """The last refresh of `key` took `seconds` (its share of a round's work)."""
         self._round_seconds += seconds - self._refresh_seconds.get(key, 0.0)
         self.computed_seconds += seconds
+        self.computed_cost += self.blocks[key].cost
         self._refresh_seconds[key] = seconds
         self._slowest_rate = max(self._slowest_rate, seconds / self.blocks[key].cost)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
@@ -46,6 +47,10 @@ class RuntimeConfig:
     update_dtype: str = "exact"
     """The sharded mode's updates travel as: exact (the parameters' own values) | bf16 (the
     change rounded to bfloat16, which every rank applies alike: half float32's bytes)."""
+    rebalance_rounds: int = 0
+    """Replicated data-parallel runs: every this many refresh rounds the ranks share their
+    refresh speed and block ownership moves off a rank that refreshes slowly (a straggler), and
+    back when it recovers (distributed/rebalance.py); 0: owners never move."""
     refresh_fn: RefreshFn = default_refresh_fn
     """The refresh math (the seam; a test may slow it down)."""
     coherence_threshold: float = 0.0
@@ -54,3 +59,15 @@ class RuntimeConfig:
     worker_cpus: frozenset[int] | None = None
     """The CPUs the refresh workers run on (None: those of the thread that builds the runtime).
     """
+
+    def __post_init__(self) -> None:
+        if self.distributed_state not in DISTRIBUTED_STATES:
+            raise ValueError(f"distributed_state: got {self.distributed_state!r}; allowed: "
+                             f"{' | '.join(DISTRIBUTED_STATES)}")
+        if self.update_dtype not in UPDATE_DTYPES:
+            raise ValueError(f"update_dtype: got {self.update_dtype!r}; allowed: "
+                             f"{' | '.join(UPDATE_DTYPES)}")
+        rounds = self.rebalance_rounds
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or not 0 <= rounds <= 10**6:
+            raise ValueError(f"rebalance_rounds: got {rounds!r}; allowed: an integer in "
+                             "[0, 1000000] (0: owners never move)")

@@ -41,6 +41,7 @@ import torch
 
 from asteria_core.distributed import VersionExchange
 from asteria_core.distributed.attach import DataParallel, attach, data_parallel, shared_run_id
+from asteria_core.distributed.rebalance import Rebalancer
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine
@@ -113,6 +114,12 @@ class Runtime:
                                          skip_below=config.coherence_threshold,
                                          worker_cpus=config.worker_cpus)
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
+            if config.rebalance_rounds > 0 and self.exchange is not None:
+                engine, rounds = self.refresh, config.rebalance_rounds
+                self.data_parallel.rebalancer = Rebalancer(
+                    optimizer, self.exchange,
+                    lambda: (engine.computed_seconds, engine.computed_cost), self.reporter,
+                    lambda: rounds * self.policy.current.refresh_interval)
         self._listeners: list[Listener] = []
         self._boundary_hooks: list[StepHook] = []
         self._between_hooks: list[StepHook] = []
@@ -286,7 +293,7 @@ class Runtime:
         if self.refresh is not None:
             stages.append(Stage("refresh", self._refresh))
         if self.data_parallel is not None:
-            stages.append(Stage("distributed", lambda step: self.data_parallel.figures()))
+            stages.append(Stage("distributed", self.data_parallel.at_boundary))
         stages.append(Stage("hooks", self._run_boundary_hooks))
         return stages
 

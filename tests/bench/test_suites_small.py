@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from asteria_bench.options import BenchOptions
-from asteria_bench.suites import distributed, load, serving, tiers
+from asteria_bench.suites import distributed, load, network, serving, tiers
 from asteria_core.distributed.policy_sync import HEADER_BYTES
+from tests.components import missing
 
 TINY_MODEL = ("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16",
               "--model.block_size", "16", "--data.batch_size", "2")
@@ -156,3 +158,25 @@ def test_distributed_suite_runs_real_torchrun_jobs(tmp_path, monkeypatch):
     if reference:
         assert {"bytes_vs_distributed_shampoo_2", "state_vs_distributed_shampoo_2"} <= \
             set(data["headline"])
+
+
+@pytest.mark.multiproc
+def test_network_suite_shapes_a_namespace_loopback_and_removes_it(tmp_path, monkeypatch):
+    why_not = network.can_shape()
+    if why_not:
+        missing(f"the network suite {why_not}")
+    monkeypatch.setattr(network, "QUICK", network.Sizes(
+        steps=8, interval=3, rates=("100mbit",), quick_configs=True, n_layer=1, n_embd=32,
+        block_size=16))
+    opts = options(tmp_path, "network")
+    load("network").run(opts)
+    data = json.loads((opts.out_dir / "network.json").read_text())
+    check_common(data, "network", opts.out_dir)
+    assert [(r["rate"], r["label"]) for r in data["runs"]] == \
+        [("100mbit", c[0]) for c in network.CONFIGS if c[3]]
+    for r in data["runs"]:
+        assert all(math.isfinite(rank["eval_loss"]) for rank in r["ranks"])
+        assert r["bytes_per_step_per_rank"] > 0
+    # The namespace is gone: nothing of the suite's is left behind.
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "asteria-bench-" not in names

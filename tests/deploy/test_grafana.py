@@ -32,7 +32,7 @@ ANNOTATIONS = DASHBOARD["annotations"]["list"]
 
 # What Grafana puts in for its variables: $__rate_interval is at least four scrape intervals
 # of the datasource (timeInterval 5s); $instance is the "All" value of the template variable.
-GRAFANA_VARS = {"$__rate_interval": "20s", "$instance": ".+"}
+GRAFANA_VARS = {"$__rate_interval": "20s", "$instance": ".+", "$rank": ".+"}
 
 # Series that exist only when a part of the runtime produces them. A panel query may return
 # nothing only if it reads one of these and that input really has no data in this run; the test
@@ -41,6 +41,9 @@ ABSENT_WHEN = {
     "asteria_tier_bytes": "exported once a tier store reports; no part of the run reports tiers",
     "asteria_tier_capacity_bytes": "exported once a tier store reports tier budgets",
     "asteria_tier_transfer_bytes_total": "exported once a tier transfer is reported",
+    "asteria_distributed_owned_blocks": "exported by data-parallel runs only (the rank row: "
+                                        "test_grafana_ranks.py checks it on a 2-rank run)",
+    "asteria_distributed_exchange_bytes_total": "exported by data-parallel runs only",
     "DCGM_FI_DEV_POWER_USAGE": "dcgm-exporter runs only in the compose profile gpu, on a GPU",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "dcgm-exporter runs only in the compose profile gpu",
 }
@@ -158,6 +161,9 @@ def test_every_metric_read_is_in_the_contract_or_recorded():
     contract = set(re.findall(r"^\| `(asteria_[a-z_]+)`", (REPO / "docs/metrics.md").read_text(),
                               re.M))
     assert "asteria_steps_total" in contract, "could not read the table of docs/metrics.md"
+    # The data-parallel series, listed under the table (a single-process run has none).
+    contract |= set(re.findall(r"`(asteria_distributed_[a-z_]+)`",
+                               (REPO / "docs/metrics.md").read_text()))
     histograms = {m for m in contract if m.endswith("_seconds") or m.endswith("_steps")}
     known = contract | {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
     rules = "\n".join(p.read_text() for p in sorted((PROM_DIR / "rules").glob("*.yml")))
@@ -257,7 +263,7 @@ def test_energy_panels_prefer_measured_and_fall_back_to_the_estimate(prometheus)
 
 def test_trainer_variable_lists_the_trainer(prometheus, trainer):
     """The dashboard's `instance` variable (label_values(asteria_run_info, instance))."""
-    (var,) = DASHBOARD["templating"]["list"]
+    (var,) = [v for v in DASHBOARD["templating"]["list"] if v["name"] == "instance"]
     metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", var["definition"]).groups()
     values = wait_for(lambda: httpx.get(
         f"{prometheus.url}/api/v1/label/{label}/values", params={"match[]": metric},

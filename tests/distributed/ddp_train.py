@@ -80,6 +80,8 @@ def main() -> None:
     cli.add_argument("--checkpoint-every", type=int, default=0,
                      help="every N steps each rank writes its checkpoint under <out>/ckpt")
     cli.add_argument("--state", default="replicated", help="replicated | sharded")
+    cli.add_argument("--rebalance-rounds", type=int, default=0,
+                     help="share refresh speeds every N rounds; owners move off a straggler")
     cli.add_argument("--update-dtype", default="exact", help="the sharded mode's: exact | bf16")
     cli.add_argument("--die-at-step", type=int, default=0,
                      help="rank 1 kills itself (SIGKILL) at this step, in the first attempt")
@@ -113,7 +115,8 @@ def main() -> None:
         policy=policy, refresh_fn=fn, start_step=start, coherence_threshold=args.coherence,
         telemetry=asteria.TelemetryConfig(nvml=False, rapl=False), run_id=f"ddp-rank{rank}",
         distributed=False if args.every_rank_refreshes else None,
-        distributed_state=args.state, update_dtype=args.update_dtype))
+        distributed_state=args.state, update_dtype=args.update_dtype,
+        rebalance_rounds=args.rebalance_rounds))
     records = []
     runtime.add_listener(records.append)
     metrics_port = None
@@ -159,6 +162,8 @@ def main() -> None:
         "steps": [{"step": r.step, "loss": r.loss, "policy_version": r.policy_version,
                    "sync_wait": r.timing.idle_seconds["sync_wait"],
                    "refresh_wait": r.timing.idle_seconds["refresh_wait"],
+                   "owned_blocks": None if r.distributed is None else
+                   r.distributed.owned_blocks,
                    **({} if r.refresh is None else {
                        "staleness_max": r.refresh.staleness_max,
                        "staleness_bound": r.refresh.staleness_bound,
