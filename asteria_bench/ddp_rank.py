@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -114,6 +115,10 @@ def main() -> None:
     cli.add_argument("--workers", type=int, default=1)
     cli.add_argument("--state", default="replicated", help="replicated | sharded (Asteria)")
     cli.add_argument("--update-dtype", default="exact", help="the sharded mode's: exact | bf16")
+    cli.add_argument("--rebalance-rounds", type=int, default=0,
+                     help="share refresh speeds every N rounds; owners move off a straggler")
+    cli.add_argument("--pin", action="store_true",
+                     help="pin rank r (and its refresh worker) to CPU r of this machine")
     cli.add_argument("--pack-factors", action="store_true",
                      help="SOAP keeps each factor block's upper triangle only")
     cli.add_argument("--coherence", type=float, default=0.0,
@@ -130,6 +135,9 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.pin:  # before the runtime: its workers take the CPUs of the thread that builds it
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     torch.manual_seed(args.seed)
     model = GPT(model_config)
     net = DistributedDataParallel(model)
@@ -146,7 +154,7 @@ def main() -> None:
         opt = asteria.optimizer(model, args.optimizer, lr=LR, policy=policy,
                                 telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
                                 distributed_state=args.state, update_dtype=args.update_dtype,
-                                **extra)
+                                rebalance_rounds=args.rebalance_rounds, **extra)
         runtime = opt.runtime
         runtime.add_listener(records.append)
     tokens, tokens_val = split_tokens(encode(load_corpus("")), 0.1, model_config.block_size)
@@ -222,6 +230,8 @@ def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -
         "refreshes": refresh.refreshes if refresh else 0,
         "unchanged": refresh.unchanged if refresh else 0,
         "refresh_seconds": refresh.work_seconds if refresh else 0.0,
+        "owned_blocks": [None if r.distributed is None else r.distributed.owned_blocks
+                         for r in records],
         "factor_bytes": factor_bytes,
         "bytes_sent": 0 if moved is None else moved.bytes_sent,
         "bytes_received": 0 if moved is None else moved.bytes_received,

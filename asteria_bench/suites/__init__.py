@@ -7,7 +7,8 @@ import importlib
 from types import ModuleType
 
 SUITES = ("optimizers", "critical-path", "staleness", "runtime", "tiers", "serving",
-          "distributed", "network", "scale", "scale-memory")
+          "distributed", "network", "straggler", "scale",
+          "scale-memory")
 
 
 def load(name: str) -> ModuleType:

@@ -49,7 +49,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
               run_id: str | None = None, run_dir: str | Path | None = None,
               records: str | Path | None = None, coherence_threshold: float = 0.0,
               distributed_state: str = "replicated", update_dtype: str = "exact",
-              **options: Any) -> torch.optim.Optimizer:
+              rebalance_rounds: int = 0, **options: Any) -> torch.optim.Optimizer:
     """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
 
     `model` is the module being trained (its forward tells the runtime when a step starts, its
@@ -58,7 +58,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
     class's own default) applies to matrices only when a module is given. See `RuntimeConfig` for
     `telemetry`, `reporter`, `run_id`, `run_dir`, `records`, `coherence_threshold`,
-    `distributed_state` and `update_dtype`.
+    `distributed_state`, `update_dtype` and `rebalance_rounds`.
     """
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
     is_module = isinstance(model, torch.nn.Module)
@@ -73,5 +73,6 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
                                  run_id=run_id, run_dir=run_dir, records=records,
                                  optimizer_name=name, coherence_threshold=coherence_threshold,
                                  distributed_state=distributed_state,
-                                 update_dtype=update_dtype))
+                                 update_dtype=update_dtype,
+                                 rebalance_rounds=rebalance_rounds))
     return opt

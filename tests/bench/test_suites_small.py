@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from asteria_bench.options import BenchOptions
-from asteria_bench.suites import distributed, load, network, serving, tiers
+from asteria_bench.suites import distributed, load, network, serving, straggler, tiers
 from asteria_core.distributed.policy_sync import HEADER_BYTES
 from tests.components import missing
 
@@ -180,3 +180,21 @@ def test_network_suite_shapes_a_namespace_loopback_and_removes_it(tmp_path, monk
     # The namespace is gone: nothing of the suite's is left behind.
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "asteria-bench-" not in names
+
+
+@pytest.mark.multiproc
+def test_straggler_suite_runs_a_hog_beside_rank_1_with_and_without_rebalancing(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(straggler, "QUICK", straggler.Sizes(
+        steps=12, interval=3, repeats=1, n_layer=1, n_embd=32, block_size=16))
+    opts = options(tmp_path, "straggler")
+    load("straggler").run(opts)
+    data = json.loads((opts.out_dir / "straggler.json").read_text())
+    check_common(data, "straggler", opts.out_dir)
+    assert [r["label"] for r in data["runs"]] == [c[0] for c in straggler.CONFIGS]
+    base, fixed, moving = data["runs"]
+    for r in data["runs"]:
+        assert sum(r["owned_first"]) == sum(r["owned_last"]) > 0  # every block has one owner
+    assert fixed["owned_last"] == fixed["owned_first"]  # owners fixed: nothing moves
+    # Who computes a refresh never changes its numbers: the same loss, bit for bit.
+    assert fixed["eval_loss"] == moving["eval_loss"] == base["eval_loss"]

@@ -1,0 +1,154 @@
+"""`straggler`: a rank whose CPU is shared with a hog, with owners fixed and with rebalancing.
+
+2 ranks on gloo, each pinned to a CPU of its own with its refresh worker (`ddp_rank --pin`); a
+busy loop pinned to rank 1's CPU makes rank 1 the straggler: its refreshes (and its training
+step) get a share of that CPU only. Configurations: no hog (the reference), the hog with owners
+fixed (ownership by cost alone, as without rebalancing), and the hog with rebalancing
+(`RuntimeConfig(rebalance_rounds=2)`: speeds shared every 2 refresh rounds, blocks moved off the
+slow rank). Each repeat runs every configuration once, in turn; the tables give medians. The
+eval loss of the two hog runs is the same: ownership changes who computes a refresh, not its
+numbers. Needs at least 2 CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+from asteria_bench.options import BenchOptions, progress
+from asteria_bench.plots import pyplot, save
+from asteria_bench.results import SuiteResult
+from asteria_bench.suites import distributed
+
+TITLE = "A straggler rank: owners fixed against owners that move"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steps: int
+    interval: int
+    repeats: int
+    eval_at: tuple[int, ...] = ()
+    n_layer: int = 2
+    n_embd: int = 128
+    block_size: int = 64
+
+
+FULL = Sizes(steps=200, interval=10, repeats=3)
+QUICK = Sizes(steps=40, interval=5, repeats=1)
+NO_HOG = "no straggler"
+FIXED = "straggler, owners fixed"
+MOVING = "straggler, rebalancing every 2 rounds"
+BASE = ["--bound", "5", "--pin"]
+# (label, short label, rank arguments, with the hog)
+CONFIGS = [
+    (NO_HOG, "no hog", BASE, False),
+    (FIXED, "fixed", BASE, True),
+    (MOVING, "rebalancing", [*BASE, "--rebalance-rounds", "2"], True),
+]
+
+
+@contextlib.contextmanager
+def hog(cpu: int) -> Iterator[None]:
+    """A busy loop pinned to `cpu` for the length of the block."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})"
+                             "\nwhile True: pass"])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def run(opts: BenchOptions) -> SuiteResult:
+    sizes = opts.pick(QUICK, FULL)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError("the straggler suite needs 2 CPUs (one per rank)")
+    result = SuiteResult("straggler", TITLE, opts.quick, opts.command,
+                         config={**asdict(sizes), "world": 2, "hog_cpu": cpus[1],
+                                 "configurations": [[c[0], c[2], c[3]] for c in CONFIGS]})
+    per_config: list[list[dict]] = [[] for _ in CONFIGS]
+    with progress(sizes.repeats * len(CONFIGS), "straggler: torchrun jobs", opts) as bar:
+        for repeat in range(sizes.repeats):
+            for i, (label, short, args, with_hog) in enumerate(CONFIGS):
+                with hog(cpus[1]) if with_hog else contextlib.nullcontext():
+                    ranks = distributed.launch(2, sizes, args, 0, None)
+                row = {"repeat": repeat, "short": short, "with_hog": with_hog,
+                       "owned_first": [r["owned_blocks"][0] for r in ranks],
+                       "owned_last": [r["owned_blocks"][-1] for r in ranks],
+                       **distributed.summary(label, 2, 0, ranks)}
+                per_config[i].append(row)
+                result.runs.append(row)
+                result.save(opts.out_dir)
+                bar.update(1)
+    rows = [merge(runs) for runs in per_config]
+    summarize(result, rows, sizes)
+    plot(result, rows, opts)
+    result.save(opts.out_dir)
+    return result
+
+
+def merge(runs: list[dict]) -> dict:
+    row = {k: v for k, v in runs[-1].items() if k not in ("ranks", "repeat")}
+    for key in ("step_ms", "step_ms_mean", "sync_wait_ms_per_step", "refresh_wait_ms_per_step"):
+        row[key] = statistics.median(r[key] for r in runs)
+        row[f"{key}_runs"] = [r[key] for r in runs]
+    row["eval_loss_runs"] = [r["eval_loss"] for r in runs]
+    return row
+
+
+def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
+    t = result.table(
+        f"2 ranks, each pinned to a CPU with its refresh worker; a busy loop on rank 1's CPU "
+        f"({sizes.steps} steps, refresh every {sizes.interval}, S = 5; medians of "
+        f"{sizes.repeats} repeats, timings after the first round)",
+        ["configuration", "step p50 ms", "step mean ms", "sync_wait ms/step",
+         "refresh_wait ms/step", "staleness max", "blocks owned at start", "blocks owned at end",
+         "eval loss"])
+    for r in rows:
+        t.add(r["label"], round(r["step_ms"], 1), round(r["step_ms_mean"], 1),
+              round(r["sync_wait_ms_per_step"], 2), round(r["refresh_wait_ms_per_step"], 2),
+              r["staleness_max"], "/".join(map(str, r["owned_first"])),
+              "/".join(map(str, r["owned_last"])), round(r["eval_loss"], 4))
+    base, fixed, moving = rows
+    result.findings.append(
+        f"With a busy loop on rank 1's CPU and owners fixed, the mean step took "
+        f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms per "
+        f"step for other ranks' bases; with rebalancing {moving['step_ms_mean']:.1f} ms and "
+        f"{moving['sync_wait_ms_per_step']:.2f} ms (no straggler: {base['step_ms_mean']:.1f} ms "
+        f"and {base['sync_wait_ms_per_step']:.2f} ms). Rank 1 owned "
+        f"{moving['owned_first'][1]} blocks at the start and {moving['owned_last'][1]} at the "
+        f"end.")
+    same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
+    result.findings.append(
+        "The eval loss with owners fixed and with rebalancing is "
+        + ("the same in every repeat, bit for bit: ownership changes who computes a refresh, "
+           "not its numbers." if same else
+           f"not the same ({fixed['eval_loss_runs']} against {moving['eval_loss_runs']})."))
+    result.quote("step_mean_fixed_over_moving", round(
+        fixed["step_ms_mean"] / moving["step_ms_mean"], 3),
+        "with a straggler rank, owners fixed make the mean step {value:.2f}x that of owners "
+        "that move")
+    result.quote("sync_wait_ms_fixed", round(fixed["sync_wait_ms_per_step"], 3),
+                 "owners fixed wait {value:.2f} ms per step for bases, rebalancing "
+                 f"{moving['sync_wait_ms_per_step']:.2f} ms")
+
+
+def plot(result: SuiteResult, rows: list[dict], opts: BenchOptions) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    names = [r["short"] for r in rows]
+    axes[0].bar(names, [r["step_ms_mean"] for r in rows], color="#3b75af")
+    axes[0].set_ylabel("step mean (ms)")
+    axes[1].bar(names, [r["sync_wait_ms_per_step"] for r in rows], color="#d9822b")
+    axes[1].set_ylabel("sync_wait (ms/step)")
+    fig.tight_layout()
+    result.plots.append(save(fig, opts.out_dir / "straggler.png", "Mean step time and time "
+        "waiting for other ranks' bases per step: no straggler, a straggler with owners fixed, "
+        "and with rebalancing (2 ranks).", dpi=120))
