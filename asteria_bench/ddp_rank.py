@@ -232,6 +232,8 @@ def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -
         "refresh_seconds": refresh.work_seconds if refresh else 0.0,
         "owned_blocks": [None if r.distributed is None else r.distributed.owned_blocks
                          for r in records],
+        "blocks_moved": data_parallel.rebalancer.moves
+        if data_parallel is not None and data_parallel.rebalancer is not None else 0,
         "factor_bytes": factor_bytes,
         "bytes_sent": 0 if moved is None else moved.bytes_sent,
         "bytes_received": 0 if moved is None else moved.bytes_received,

@@ -159,6 +159,7 @@ def summary(label: str, world: int, seed: int, ranks: list[dict]) -> dict:
         "refresh_wait_ms_per_step": mean("refresh_wait_ms_per_step"),
         "staleness_max": max(r["staleness_max"] for r in ranks),
         "refreshes_per_rank": [r["refreshes"] for r in ranks],
+        "refresh_seconds_per_rank": [round(r.get("refresh_seconds", 0.0), 4) for r in ranks],
         "state_bytes_per_rank": [r["state_bytes"] for r in ranks],
         "bytes_per_step_per_rank": mean("bytes_per_step"),
         "bytes_per_round_per_rank": mean("bytes_per_round"),
@@ -272,10 +273,10 @@ def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
             f"{ds['eval_loss']:.4f}; step p50 {soap['step_ms']:.1f} against "
             f"{ds['step_ms']:.1f} ms.")
         if world == 2:
-            result.quote("bytes_vs_distributed_shampoo_2", round(ratio, 3),
+            result.quote("bytes_vs_distributed_shampoo_2", round(ratio, 4),
                          "at 2 ranks its bytes per step per rank are {value:.2f}x Distributed "
                          "Shampoo's fp32 all-gather (sent + received, every collective)")
-            result.quote("state_vs_distributed_shampoo_2", round(state, 3),
+            result.quote("state_vs_distributed_shampoo_2", round(state, 4),
                          "its optimizer state per rank is {value:.2f}x Distributed Shampoo's "
                          "(replicated bases and moments)")
     if sync:
@@ -306,7 +307,7 @@ def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
             f"step, as Distributed Shampoo's do; step p50 {sharded['step_ms']:.1f} against "
             f"{ds['step_ms']:.1f} ms, eval loss {sharded['eval_loss']:.4f}.")
         if world == 2:
-            result.quote("sharded_state_vs_distributed_shampoo_2", round(state, 3),
+            result.quote("sharded_state_vs_distributed_shampoo_2", round(state, 4),
                          "in the sharded mode it keeps {value:.2f}x Distributed Shampoo's "
                          "state per rank")
     if soap and adamw:

@@ -2,12 +2,13 @@
 
 2 ranks on gloo, each pinned to a CPU of its own with its refresh worker (`ddp_rank --pin`); a
 busy loop pinned to rank 1's CPU makes rank 1 the straggler: its refreshes (and its training
-step) get a share of that CPU only. Configurations: no hog (the reference), the hog with owners
-fixed (ownership by cost alone, as without rebalancing), and the hog with rebalancing
-(`RuntimeConfig(rebalance_rounds=2)`: speeds shared every 2 refresh rounds, blocks moved off the
-slow rank). Each repeat runs every configuration once, in turn; the tables give medians. The
-eval loss of the two hog runs is the same: ownership changes who computes a refresh, not its
-numbers. Needs at least 2 CPUs.
+step) get a share of that CPU only. A GPT of width 256 (factor blocks up to 1024 wide) and
+S = 2, so that a round's refreshes take a real share of the steps they must fit in.
+Configurations: no hog (the reference), the hog with owners fixed (ownership by cost alone, as
+without rebalancing), and the hog with rebalancing (`RuntimeConfig(rebalance_rounds=2)`: speeds
+shared every 2 refresh rounds, blocks moved off the slow rank). Each repeat runs every
+configuration once, in turn; the tables give medians. The eval loss of all three is the same:
+ownership changes who computes a refresh, not its numbers. Needs at least 2 CPUs.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ class Sizes:
     block_size: int = 64
 
 
-FULL = Sizes(steps=200, interval=10, repeats=3)
+FULL = Sizes(steps=80, interval=10, repeats=3, n_embd=256)
 QUICK = Sizes(steps=40, interval=5, repeats=1)
 NO_HOG = "no straggler"
 FIXED = "straggler, owners fixed"
 MOVING = "straggler, rebalancing every 2 rounds"
-BASE = ["--bound", "5", "--pin"]
+BASE = ["--bound", "2", "--pin"]
 # (label, short label, rank arguments, with the hog)
 CONFIGS = [
     (NO_HOG, "no hog", BASE, False),
@@ -82,6 +83,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                 row = {"repeat": repeat, "short": short, "with_hog": with_hog,
                        "owned_first": [r["owned_blocks"][0] for r in ranks],
                        "owned_last": [r["owned_blocks"][-1] for r in ranks],
+                       "blocks_moved": ranks[0]["blocks_moved"],
                        **distributed.summary(label, 2, 0, ranks)}
                 per_config[i].append(row)
                 result.runs.append(row)
@@ -106,25 +108,28 @@ def merge(runs: list[dict]) -> dict:
 def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
     t = result.table(
         f"2 ranks, each pinned to a CPU with its refresh worker; a busy loop on rank 1's CPU "
-        f"({sizes.steps} steps, refresh every {sizes.interval}, S = 5; medians of "
-        f"{sizes.repeats} repeats, timings after the first round)",
+        f"({sizes.steps} steps, width {sizes.n_embd}, refresh every {sizes.interval}, S = 2; "
+        f"medians of {sizes.repeats} repeats, timings after the first round)",
         ["configuration", "step p50 ms", "step mean ms", "sync_wait ms/step",
-         "refresh_wait ms/step", "staleness max", "blocks owned at start", "blocks owned at end",
-         "eval loss"])
+         "refresh_wait ms/step", "staleness max", "refresh seconds per rank", "blocks moved",
+         "eval loss"],
+        note="sync_wait and refresh_wait: the mean over ranks; refresh seconds: the work each "
+             "rank's worker did (last repeat); blocks moved: ownership changes (last repeat)")
     for r in rows:
         t.add(r["label"], round(r["step_ms"], 1), round(r["step_ms_mean"], 1),
               round(r["sync_wait_ms_per_step"], 2), round(r["refresh_wait_ms_per_step"], 2),
-              r["staleness_max"], "/".join(map(str, r["owned_first"])),
-              "/".join(map(str, r["owned_last"])), round(r["eval_loss"], 4))
+              r["staleness_max"], "/".join(f"{s:.1f}" for s in r["refresh_seconds_per_rank"]),
+              r["blocks_moved"], round(r["eval_loss"], 4))
     base, fixed, moving = rows
     result.findings.append(
         f"With a busy loop on rank 1's CPU and owners fixed, the mean step took "
         f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms per "
         f"step for other ranks' bases; with rebalancing {moving['step_ms_mean']:.1f} ms and "
         f"{moving['sync_wait_ms_per_step']:.2f} ms (no straggler: {base['step_ms_mean']:.1f} ms "
-        f"and {base['sync_wait_ms_per_step']:.2f} ms). Rank 1 owned "
-        f"{moving['owned_first'][1]} blocks at the start and {moving['owned_last'][1]} at the "
-        f"end.")
+        f"and {base['sync_wait_ms_per_step']:.2f} ms). Rebalancing moved "
+        f"{moving['blocks_moved']} blocks; rank 1's worker refreshed for "
+        f"{moving['refresh_seconds_per_rank'][1]:.1f} s against "
+        f"{fixed['refresh_seconds_per_rank'][1]:.1f} s with owners fixed.")
     same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
     result.findings.append(
         "The eval loss with owners fixed and with rebalancing is "
