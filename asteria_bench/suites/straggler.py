@@ -124,22 +124,28 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
     result.findings.append(
         f"With a busy loop on rank 1's CPU and owners fixed, the mean step took "
         f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms per "
-        f"step for other ranks' bases; with rebalancing {moving['step_ms_mean']:.1f} ms and "
+        f"step for other ranks' bases; with rebalancing on {moving['step_ms_mean']:.1f} ms and "
         f"{moving['sync_wait_ms_per_step']:.2f} ms (no straggler: {base['step_ms_mean']:.1f} ms "
-        f"and {base['sync_wait_ms_per_step']:.2f} ms). Rebalancing moved "
-        f"{moving['blocks_moved']} blocks; rank 1's worker refreshed for "
-        f"{moving['refresh_seconds_per_rank'][1]:.1f} s against "
-        f"{fixed['refresh_seconds_per_rank'][1]:.1f} s with owners fixed.")
+        f"and {base['sync_wait_ms_per_step']:.2f} ms).")
+    if moving["blocks_moved"]:
+        result.findings.append(
+            f"Rebalancing moved {moving['blocks_moved']} blocks; rank 1's worker refreshed for "
+            f"{moving['refresh_seconds_per_rank'][1]:.1f} s against "
+            f"{fixed['refresh_seconds_per_rank'][1]:.1f} s with owners fixed.")
+    else:
+        result.findings.append(
+            "No block moved: the ranks' measured refresh speeds stayed within the 20% rule, so "
+            "any difference between the two straggler rows is not ownership (the busy loop "
+            "slows rank 1's training as much as its worker, and rank 0's worker shares its CPU "
+            "with rank 0's training: both workers get about half a CPU).")
     same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
     result.findings.append(
         "The eval loss with owners fixed and with rebalancing is "
         + ("the same in every repeat, bit for bit: ownership changes who computes a refresh, "
            "not its numbers." if same else
            f"not the same ({fixed['eval_loss_runs']} against {moving['eval_loss_runs']})."))
-    result.quote("step_mean_fixed_over_moving", round(
-        fixed["step_ms_mean"] / moving["step_ms_mean"], 3),
-        "with a straggler rank, owners fixed make the mean step {value:.2f}x that of owners "
-        "that move")
+    result.quote("blocks_moved", moving["blocks_moved"],
+                 "with a busy loop on rank 1's CPU, rebalancing moved {value} blocks")
     result.quote("sync_wait_ms_fixed", round(fixed["sync_wait_ms_per_step"], 3),
                  "owners fixed wait {value:.2f} ms per step for bases, rebalancing "
                  f"{moving['sync_wait_ms_per_step']:.2f} ms")
