@@ -238,8 +238,13 @@ class RefreshEngine:
         early = {key: self._early(key, t, places) for key in due}
         mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
         if self._pool is None:  # inline: one snapshot at a time (a disk-homed one is a copy)
-            started = [self._start(self.opt.snapshot(key, lend=True), t, policy, None, early)
-                       for key in mine]
+            started = []
+            for key in mine:
+                item = self._start(self.opt.snapshot(key, lend=True), t, policy, None, early)
+                if item.first and self.exchange is None:
+                    self._swap_now(item, policy)  # and let it go: one result in memory
+                else:
+                    started.append(item)
         else:
             snapshots = [self.opt.snapshot(key, lend=True) for key in mine]
             ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
@@ -447,7 +452,8 @@ class RefreshEngine:
         boundary: their jobs go to the workers at once, together (on a data-parallel rank a
         held one could wait behind another owner's delivery that waits for it)."""
         for item in items:
-            if item.first:
+            if item.first:  # in the order they are swapped: results wait for it the least
+                item.job.priority = (item.since, self._position[item.key])
                 self._pool.submit(item.job)
         items = sorted((item for item in items if not item.first),
                        key=lambda item: item.job.priority)
@@ -487,6 +493,16 @@ class RefreshEngine:
         self.computed_cost += self.blocks[key].cost
         self._refresh_seconds[key] = seconds
         self._slowest_rate = max(self._slowest_rate, seconds / self.blocks[key].cost)
+
+    def _swap_now(self, item: Outstanding, policy: Policy) -> None:
+        """Swap a first basis computed inline at once, before the next block's is computed.
+        One process only: on data-parallel ranks every swap of a boundary goes in block order
+        (`_swap_due`), the same on every rank, so replicas multiply alike."""
+        queue_ = self.outstanding[item.key]
+        if queue_ and queue_[0] is item:
+            queue_.popleft()
+            self._finish(item, policy)
+            self._swap(item, policy)
 
     def _swap_due(self, t: int, policy: Policy) -> None:
         for queue_ in self.outstanding.values():

@@ -37,7 +37,9 @@ def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(tmp_p
     assert tiered["returncode"] == 0, tiered.get("stderr_tail")
     assert row["trained_under_cap"] and tiered["steps"] == size.steps >= 10
     assert len(tiered["losses"]) == size.steps and all(map(math.isfinite, tiered["losses"]))
-    assert tiered["peak_rss_bytes"] <= tiered["cgroup_peak_bytes"] <= cap
+    # Both under the cap; RSS may exceed the cgroup's charge (shared library pages loaded,
+    # and charged, before the child joined it).
+    assert tiered["peak_rss_bytes"] <= cap and tiered["cgroup_peak_bytes"] <= cap
     assert finite_positive(tiered["disk_bytes"]) and tiered["results_staged"] > 0
     assert tiered["disk_read_bytes"] > 0 and tiered["disk_write_bytes"] > 0
     per = tiered["seconds_per_step"]
