@@ -29,11 +29,12 @@ def test_device_host_pins_every_arms_training_and_only_asterias_workers(tmp_path
     build = turns.build
 
     def build_and_watch(config, *args):
-        before, cpus = {t.ident for t in threading.enumerate()}, os.sched_getaffinity(0)
+        # Thread objects, not idents: an ident freed by a thread that ended is reused.
+        before, cpus = set(threading.enumerate()), os.sched_getaffinity(0)
         contender = build(config, *args)
         assert os.sched_getaffinity(0) == cpus  # pinned for the build only, not after it
         workers = [t for t in threading.enumerate()  # this arm's own (its pool starts eagerly)
-                   if t.ident not in before and t.name.startswith("refresh-worker")]
+                   if t not in before and t.name.startswith("refresh-worker")]
 
         def look(step):
             seen[config.label].append((os.sched_getaffinity(0), torch.get_num_threads(),

@@ -191,12 +191,14 @@ def test_train_worker_cpus_pins_the_trainers_refresh_workers(tiny):
                                  policy=Policy(refresh_interval=5, workers=1))
 
     def train_and_look() -> list[set[int]]:
-        before = {t.ident for t in threading.enumerate()}
+        # Thread objects, not idents: a thread that ends after this snapshot frees its ident
+        # for the next thread, and a new worker could take it.
+        before = set(threading.enumerate())
         trainer = Trainer(config, jsonl=False)
         seen = []
         trainer.runtime.at_boundary(lambda step: seen.extend(
             os.sched_getaffinity(t.native_id) for t in threading.enumerate()
-            if t.ident not in before and t.name.startswith("refresh-worker")))
+            if t not in before and t.name.startswith("refresh-worker")))
         try:
             trainer.train(progress=False)
         finally:
