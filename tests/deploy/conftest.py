@@ -311,9 +311,16 @@ test_prometheus_config.__test__ = False  # a helper, not a test
 def prometheus(procs, prom_bins, trainer, tmp_path_factory) -> Prometheus:
     """Prometheus from the compose service's command, scraping the trainer every second."""
     root = tmp_path_factory.mktemp("prometheus")
-    port = free_port()
+    return start_prometheus(procs, prom_bins, root, trainer.url.removeprefix("http://"))
+
+
+def start_prometheus(procs, prom_bins, root: Path, trainer_target: str, port: int = 0,
+                     name: str = "prometheus") -> Prometheus:
+    """The compose service's Prometheus on a test copy of deploy/prometheus in root/etc,
+    scraping `trainer_target` (and the file_sd targets in root/etc/targets) every second."""
+    port = port or free_port()
     config = test_prometheus_config(
-        PROM_DIR, root / "etc", trainer_target=trainer.url.removeprefix("http://"),
+        PROM_DIR, root / "etc", trainer_target=trainer_target,
         self_target=f"127.0.0.1:{port}")
     check = subprocess.run([prom_bins.promtool, "check", "config", str(config)],
                            capture_output=True, text=True, timeout=60)
@@ -322,7 +329,7 @@ def prometheus(procs, prom_bins, trainer, tmp_path_factory) -> Prometheus:
         "/etc/prometheus/prometheus.yml": str(config), "/prometheus": str(root / "tsdb"),
         "--web.listen-address=:9090": f"--web.listen-address=127.0.0.1:{port}",
         "9090": str(port)})
-    proc, log = procs.start("prometheus", [prom_bins.prometheus, *service.argv])
+    proc, log = procs.start(name, [prom_bins.prometheus, *service.argv])
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

@@ -6,18 +6,17 @@ Every query of the row answers for both ranks, as Grafana would send it with `$r
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.deploy.conftest import (
-    PROM_DIR,
     REPO,
     Prometheus,
-    adapt,
     free_port,
+    start_prometheus,
     tail,
-    test_prometheus_config,
     wait_for,
 )
 from tests.deploy.test_grafana import DASHBOARD, PANELS, fill, has_data
@@ -38,36 +37,26 @@ def rank_panels() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(procs, prom_bins, tmp_path_factory) -> Prometheus:
+def two_ranks(procs, prom_bins, tmp_path_factory) -> Iterator[Prometheus]:
     """A 2-rank run that keeps training, and a Prometheus scraping both of its ranks."""
     root = tmp_path_factory.mktemp("ranks")
     plane = free_port()
-    prom_port = free_port()
-    config = test_prometheus_config(PROM_DIR, root / "etc", trainer_target=f"127.0.0.1:{plane}",
-                                    self_target=f"127.0.0.1:{prom_port}")
+    prometheus = start_prometheus(procs, prom_bins, root, f"127.0.0.1:{plane}",
+                                  name="prometheus-ranks")
     # The run writes rank 1's target into <data dir>/targets: the folder the config reads.
     run, run_log = procs.start("ddp-ranks", [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-port", str(free_port()), str(REPO / "examples" / "ddp_loop.py"),
         "--steps", "1000000", "--port", str(plane), "--metrics-port", "0",
         "--data-dir", str(root / "etc")])
-    service = adapt("prometheus", {
-        "/etc/prometheus/prometheus.yml": str(config), "/prometheus": str(root / "tsdb"),
-        "--web.listen-address=:9090": f"--web.listen-address=127.0.0.1:{prom_port}",
-        "9090": str(prom_port)})
-    prom, prom_log = procs.start("prometheus-ranks", [prom_bins.prometheus, *service.argv])
-    url = f"http://127.0.0.1:{prom_port}"
 
-    def ready() -> bool:
-        for proc, log, name in ((run, run_log, "the 2-rank run"), (prom, prom_log, "prometheus")):
-            if proc.poll() is not None:
-                pytest.fail(f"{name} exited ({proc.returncode}):\n{tail(log)}", pytrace=False)
-        return httpx.get(f"{url}/-/ready", timeout=5).status_code == 200
+    def both_scraped() -> bool:
+        if run.poll() is not None:
+            pytest.fail(f"the 2-rank run exited ({run.returncode}):\n{tail(run_log)}",
+                        pytrace=False)
+        return len(prometheus.query("asteria_distributed_owned_blocks")) == 2
 
-    wait_for(ready, 120, "prometheus /-/ready")
-    prometheus = Prometheus(url, config, service, prom_log)
-    wait_for(lambda: ready() and len(prometheus.query(
-        'asteria_distributed_owned_blocks')) == 2, 240, "both ranks scraped")
+    wait_for(both_scraped, 240, "both ranks scraped")
     yield prometheus
     procs.stop(run)
 
