@@ -23,10 +23,17 @@ def reference(tmp_path_factory):
     return single(tmp_path_factory.mktemp("single"))
 
 
-def test_each_rank_keeps_only_its_parameters_state_and_replicas_stay_identical(tmp_path,
+@pytest.fixture(scope="module")
+def exact(tmp_path_factory):
+    """One sharded run with exact updates, read by the tests below (one torchrun job less)."""
+    out = tmp_path_factory.mktemp("sharded-exact")
+    torchrun(out, *SHARDED)
+    return out
+
+
+def test_each_rank_keeps_only_its_parameters_state_and_replicas_stay_identical(exact,
                                                                               reference):
-    torchrun(tmp_path, *SHARDED)
-    params, reports = ranks(tmp_path, 2)
+    params, reports = ranks(exact, 2)
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
     single_params, single_report = reference
     assert relative(params[0], single_params) < 1e-5
@@ -43,9 +50,8 @@ def test_each_rank_keeps_only_its_parameters_state_and_replicas_stay_identical(t
         assert max(s["staleness_max"] for s in r["steps"]) <= 3  # the bound after the change
 
 
-def test_bf16_updates_keep_replicas_identical_with_half_the_bytes(tmp_path, reference):
-    exact, bf16 = tmp_path / "exact", tmp_path / "bf16"
-    torchrun(exact, *SHARDED)
+def test_bf16_updates_keep_replicas_identical_with_half_the_bytes(tmp_path, exact, reference):
+    bf16 = tmp_path / "bf16"
     torchrun(bf16, *SHARDED, "--update-dtype", "bf16")
     params, reports = ranks(bf16, 2)
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
