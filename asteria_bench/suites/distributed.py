@@ -256,12 +256,18 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
         findings(result, rows, world)
 
 
+def against(row: dict, ds: dict) -> tuple[float, float]:
+    """`row`'s bytes per step per rank and state on its largest rank, each over Distributed
+    Shampoo's."""
+    return (row["bytes_per_step_per_rank"] / ds["bytes_per_step_per_rank"],
+            max(row["state_bytes_per_rank"]) / max(ds["state_bytes_per_rank"]))
+
+
 def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
     soap, sync, ds, adamw = (find(rows, world, "Asteria SOAP S=5"), find(rows, world, SYNC),
                              find(rows, world, DS_FP32), find(rows, world, ADAMW))
     if soap and ds:
-        ratio = soap["bytes_per_step_per_rank"] / ds["bytes_per_step_per_rank"]
-        state = max(soap["state_bytes_per_rank"]) / max(ds["state_bytes_per_rank"])
+        ratio, state = against(soap, ds)
         result.findings.append(
             f"At {world} ranks Asteria SOAP (S = 5) moves {soap['bytes_per_step_per_rank']:,.0f}"
             f" bytes per step per rank, {ratio:.2f}x Distributed Shampoo's fp32 all-gather "
@@ -297,8 +303,7 @@ def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
                                  "exchange at 2 ranks (mean over seeds)")
     sharded = find(rows, world, SHARDED)
     if sharded and ds:
-        state = max(sharded["state_bytes_per_rank"]) / max(ds["state_bytes_per_rank"])
-        ratio = sharded["bytes_per_step_per_rank"] / ds["bytes_per_step_per_rank"]
+        ratio, state = against(sharded, ds)
         result.findings.append(
             f"At {world} ranks the sharded mode keeps {state:.2f}x Distributed Shampoo's "
             f"optimizer state on its largest rank ({_kib(sharded['state_bytes_per_rank'])} "

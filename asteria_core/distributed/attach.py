@@ -20,7 +20,7 @@ import torch.distributed as dist
 from asteria_core.distributed.exchange import VersionExchange
 from asteria_core.distributed.policy_sync import PolicySync
 from asteria_core.distributed.rebalance import Rebalancer
-from asteria_core.distributed.sharded import DISTRIBUTED_STATES, ShardedState
+from asteria_core.distributed.sharded import ShardedState
 from asteria_core.distributed.topology import Topology, assign_owners
 from asteria_core.optim.base import BlockPreconditioner, local_shard
 from asteria_core.policy import LivePolicy, Policy, PolicyError, SwapMode
@@ -90,10 +90,7 @@ def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy, reporter: Repor
     """This rank's part of the job (call on every rank, in the same order: it makes groups).
     `state` replicated: a second-order optimizer keeps factors only for the blocks this rank
     owns, bases travel; sharded: the state of the parameters this rank owns, updates travel in
-    `update_dtype` (distributed/sharded.py)."""
-    if state not in DISTRIBUTED_STATES:
-        raise ValueError(f"distributed_state: got {state!r}; allowed: "
-                         f"{' | '.join(DISTRIBUTED_STATES)}")
+    `update_dtype` (distributed/sharded.py). Both values come checked from RuntimeConfig."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     sharded = any(local_shard(p) is not p for p in params)
     if sharded and state == "sharded":

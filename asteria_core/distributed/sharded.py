@@ -36,19 +36,16 @@ def state_cost(optimizer: torch.optim.Optimizer, index: int, p: torch.Tensor) ->
     """Bytes of state parameter `index` will hold: the optimizer's own dry run where it has one
     (a block preconditioner: moments, factors, bases), else two moments (Adam's)."""
     if isinstance(optimizer, BlockPreconditioner):
-        spec = optimizer.state_spec(index)
-        return sum(t.numel() * t.element_size() for t in _tensors(spec))
+        return sum(t.numel() * t.element_size() for t in _tensors(optimizer.state_spec(index)))
     return 2 * p.numel() * p.element_size()
 
 
 def _tensors(state):
+    """Every tensor in a state dict (tiers.lifecycle.leaves does this a layer above us)."""
     if isinstance(state, torch.Tensor):
         yield state
-    elif isinstance(state, dict):
-        for v in state.values():
-            yield from _tensors(v)
-    elif isinstance(state, list | tuple):
-        for v in state:
+    elif isinstance(state, dict | list | tuple):
+        for v in state.values() if isinstance(state, dict) else state:
             yield from _tensors(v)
 
 
@@ -77,6 +74,13 @@ class ShardedState:
         self.owners = assign_param_owners(
             [state_cost(optimizer, i, p) for i, p in enumerate(self.params)], world)
         self.update_dtype = UPDATE_DTYPES[update_dtype]
+        self._by_owner = [[p for p, o in zip(self.params, self.owners, strict=True) if o == r]
+                          for r in range(world)]
+        """Each rank's parameters, in order: what its broadcast carries, one buffer each."""
+        if self.update_dtype is None and any(
+                len({p.dtype for p in mine}) > 1 for mine in self._by_owner):
+            raise TypeError("the sharded mode sends one owner's parameters in one buffer: "
+                            "with update_dtype exact they must share a dtype")
         self.bytes_sent = 0
         self.bytes_received = 0
         self._group = dist.new_group(backend="gloo")  # collective: every rank, same order
@@ -101,14 +105,10 @@ class ShardedState:
     @torch.no_grad()
     def after_step(self) -> None:
         """Every owner's parameters to every rank: one broadcast per owner, in rank order."""
-        for owner in range(self.world):
-            mine = [self.params[i] for i in range(len(self.params)) if self.owners[i] == owner]
+        for owner, mine in enumerate(self._by_owner):
             if not mine:
                 continue
             dtype = self.update_dtype or mine[0].dtype
-            if any(p.dtype != mine[0].dtype for p in mine) and self.update_dtype is None:
-                raise TypeError("the sharded mode sends one owner's parameters in one buffer: "
-                                "they must share a dtype")
             numel = sum(p.numel() for p in mine)
             if owner == self.rank:
                 flat = self._outgoing(mine, dtype)

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import asteria_core as asteria
 from asteria_core.distributed import init_process_group, serve_rank_metrics
 from asteria_core.optim.seam import refresh_fn
+from asteria_core.tiers.lifecycle import leaves
 
 GLOBAL_BATCH, IN, HIDDEN, OUT = 64, 24, 24, 24
 POLICY = asteria.Policy(refresh_interval=3, staleness_bound=2, swap_delay=2, workers=1)
@@ -184,20 +185,12 @@ def main() -> None:
         [policy_sync.bytes_sent, policy_sync.bytes_received],
         "boundaries": len(records),
         "state_bytes": sum(t.numel() * t.element_size() for state in opt.state.values()
-                           for t in _tensors(state)),
+                           for _, t in leaves(state)),
         "stateful_params": sorted(i for i, p in enumerate(model.parameters())
                                   if opt.state.get(p)),
     }))
     if world > 1:
         dist.destroy_process_group()
-
-
-def _tensors(state):
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif isinstance(state, dict | list | tuple):
-        for v in state.values() if isinstance(state, dict) else state:
-            yield from _tensors(v)
 
 
 if __name__ == "__main__":
