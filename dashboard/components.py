@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from dashboard import state
 from dashboard.client import (
@@ -187,7 +188,9 @@ def _answer(run_id: str) -> None:
 
 def policy_form(run: dict[str, Any]) -> None:
     """Current against new values of the live policy; one PATCH per submit. The fields, their
-    labels and widgets come from the control plane's schema of the PATCH body."""
+    labels and widgets come from the control plane's schema of the PATCH body. Call it inside
+    an `st.fragment`: a submit reruns that fragment only, not the page's charts (on a loaded
+    machine those take seconds to draw, twice per submit)."""
     base, run_id = state.url(), run["id"]
     pol = state.policy(base, run_id)
     newest, version = _newest(pol)
@@ -279,4 +282,14 @@ def _send(run_id: str, changes: dict[str, Any]) -> None:
         return
     st.session_state["policy_answer"] = ("ok", run_id, answer)
     state.forget_reads()
-    st.rerun()
+    _rerun_form()
+
+
+def _rerun_form() -> None:
+    """Redraw the form at the new version: its fragment alone when this run is that fragment's
+    (a browser's submit; the charts follow on their timer), else the whole page (a submit that
+    came with a full rerun, which Streamlit may merge it into, or AppTest's)."""
+    try:
+        st.rerun(scope="fragment")
+    except StreamlitAPIException:  # not a fragment's run
+        st.rerun()

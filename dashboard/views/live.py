@@ -77,9 +77,13 @@ def main() -> None:
         with components.guard():
             draw(base, run)
 
+    @st.fragment
+    def tune() -> None:
+        components.policy_form(run)
+
     live_panels()
     st.subheader("Tune the policy")
-    components.policy_form(run)
+    tune()
 
 
 if __name__ == "__main__":

@@ -20,8 +20,14 @@ def main() -> None:
     if picked is None:
         return
     base, run = picked
-    run_id = run["id"]
+    current(base, run)
 
+
+@st.fragment
+def current(base: str, run: dict) -> None:
+    """The form, the policy in force and its history: one fragment, so a submit redraws them
+    together."""
+    run_id = run["id"]
     st.subheader("Change it")
     components.policy_form(run)
 

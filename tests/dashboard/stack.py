@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "dashboard" / "app.py"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
+# Hang guards, not speed checks: the page answers in a second or two, but a machine loaded by
+# the rest of the suite (torchrun groups, disk-tier writes) has stalled it for over 30 s.
+HANG_GUARD_S = 180
+HANG_GUARD_MS = HANG_GUARD_S * 1000
 
 
 def tiny_run(steps: int, *, eval_interval: int = 50, watts: float = 15.0,
@@ -57,7 +61,8 @@ def control_plane(prefix: str) -> Iterator[tuple[object, httpx.Client, Path]]:
         yield api, http, data
 
 
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+def wait_until(predicate, timeout: float = HANG_GUARD_S, interval: float = 0.1,
+               what: str = "condition"):
     """Poll until predicate() is truthy and return it; fail loudly on timeout."""
     deadline = time.monotonic() + timeout
     while True:
@@ -113,7 +118,7 @@ def sign_in(page, token: str) -> None:
     """Sign a browser session in to the dashboard (the sidebar's form), as an operator would."""
     page.get_by_label("Sign-in token").fill(token)
     page.get_by_role("button", name="Sign in").click()
-    page.get_by_role("button", name="Sign out").wait_for(timeout=30_000)
+    page.get_by_role("button", name="Sign out").wait_for(timeout=HANG_GUARD_MS)
 
 
 def chromium() -> tuple[Path | None, str]:

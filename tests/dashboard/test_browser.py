@@ -20,6 +20,7 @@ from tests.backend.conftest import TOKEN, free_port
 from tests.components import missing
 from tests.dashboard.stack import (
     ARTIFACTS,
+    HANG_GUARD_MS,
     Dashboard,
     chromium,
     sign_in,
@@ -63,9 +64,10 @@ def test_watch_tune_and_see_the_marker(browser, dashboard, http, live_run, tmp_p
     # Live numbers: the step counter moves on the fragment's timer, without a reload.
     label = page.get_by_test_id("stMetricLabel").get_by_text("Step", exact=True)
     step = page.get_by_test_id("stMetric").filter(has=label).get_by_test_id("stMetricValue")
-    step.wait_for(timeout=60_000)
+    step.wait_for(timeout=HANG_GUARD_MS)
     first = int(step.inner_text())
-    wait_until(lambda: int(step.inner_text()) > first, 60, 0.2, "the step counter to move")
+    wait_until(lambda: int(step.inner_text()) > first, interval=0.2,
+               what="the step counter to move")
 
     # The form: change the staleness bound; the server answers with a version and a step.
     sign_in(page, TOKEN)
@@ -74,7 +76,7 @@ def test_watch_tune_and_see_the_marker(browser, dashboard, http, live_run, tmp_p
     page.get_by_label("Staleness bound S (steps)").fill(str(bound))
     page.get_by_role("button", name="Apply policy change").click()
     expect(page.get_by_test_id("stAlert").filter(has_text="Accepted")).to_contain_text(
-        f"version {version}", timeout=30_000)
+        f"version {version}", timeout=HANG_GUARD_MS)
 
     # The control plane's policy changed ...
     policy = wait_until(lambda: (p := http.get(f"/runs/{live_run}/policy").json())["version"]
@@ -85,9 +87,9 @@ def test_watch_tune_and_see_the_marker(browser, dashboard, http, live_run, tmp_p
 
     # ... and the marker appears: in the caption and on every live chart (accessible name).
     marker = f"v{version} from step {change['effective_step']}"
-    expect(page.get_by_text(re.compile(marker))).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(re.compile(marker))).to_be_visible(timeout=HANG_GUARD_MS)
     marked = page.locator(f'[aria-label*="{marker}"]')
-    wait_until(lambda: marked.count() >= LIVE_CHARTS, 30, 0.2, "markers on every chart")
+    wait_until(lambda: marked.count() >= LIVE_CHARTS, interval=0.2, what="markers on every chart")
 
     page.get_by_role("heading", name="Live view").scroll_into_view_if_needed()
     shot = tmp_path / "dashboard-live.png"
@@ -177,14 +179,14 @@ def _check_the_truth(browser, dashboard, http, live_run, api, expect) -> None:
     page.goto(dashboard.url)
     label = page.get_by_test_id("stMetricLabel").get_by_text("Step", exact=True)
     step = page.get_by_test_id("stMetric").filter(has=label).get_by_test_id("stMetricValue")
-    step.wait_for(timeout=60_000)
+    step.wait_for(timeout=HANG_GUARD_MS)
 
     sign_in(page, TOKEN)
     before = http.get(f"/runs/{live_run}/policy").json()
     page.get_by_label("Staleness bound S (steps)").fill("3")
     page.get_by_role("button", name="Apply policy change").click()
     expect(page.get_by_test_id("stAlert").filter(has_text="Accepted")).to_contain_text(
-        f"version {before['version'] + 1}", timeout=30_000)
+        f"version {before['version'] + 1}", timeout=HANG_GUARD_MS)
     # two more changes at once: their markers fall on the same step or the next one
     assert http.patch(f"/runs/{live_run}/policy", json={"staleness_bound": 2}).status_code == 200
     answer = http.patch(f"/runs/{live_run}/policy", json={"refresh_interval": 5}).json()
@@ -200,7 +202,8 @@ def _check_the_truth(browser, dashboard, http, live_run, api, expect) -> None:
                            s[-1]["step"] == http.get(f"/runs/{live_run}").json()["step"] and s,
                            what="every step record stored")
         last = steps[-1]["step"]
-        wait_until(lambda: step.inner_text() == str(last), 30, 0.2, "the page at the last step")
+        wait_until(lambda: step.inner_text() == str(last), interval=0.2,
+                   what="the page at the last step")
         page.wait_for_timeout(3000)  # the charts of that refresh are drawn
         # On a loaded machine Vega may still be drawing them: read once they have marks.
         seen = wait_until(lambda: (s := page.evaluate(READ_PAGE))["bars"] and s["power"] and s,
@@ -258,7 +261,7 @@ def _check_the_truth(browser, dashboard, http, live_run, api, expect) -> None:
     direct: list[str] = []
     page.on("request", lambda r: direct.append(r.url))
     page.goto(dashboard.url + "/policy")
-    expect(page.get_by_role("heading", name="Policy")).to_be_visible(timeout=60_000)
+    expect(page.get_by_role("heading", name="Policy")).to_be_visible(timeout=HANG_GUARD_MS)
     page.wait_for_timeout(2000)
     assert {urlsplit(u).netloc for u in direct if urlsplit(u).scheme != "data"} == \
         {urlsplit(dashboard.url).netloc}, direct

@@ -18,7 +18,14 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import state
 from tests.backend.conftest import TOKEN, free_port
-from tests.dashboard.stack import APP, Dashboard, sign_in, tiny_run, wait_until
+from tests.dashboard.stack import (
+    APP,
+    HANG_GUARD_MS,
+    Dashboard,
+    sign_in,
+    tiny_run,
+    wait_until,
+)
 from tests.dashboard.test_browser import browser  # noqa: F401 (the shared Chromium fixture)
 
 SIGN_IN = "dashboard-sign-in-789"
@@ -74,7 +81,7 @@ def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_
         page = browser.new_page(viewport={"width": 1400, "height": 2400})
         received = Received(page)
         page.goto(dash.url)
-        page.get_by_test_id("stMetric").first.wait_for(timeout=60_000)
+        page.get_by_test_id("stMetric").first.wait_for(timeout=HANG_GUARD_MS)
         form = page.get_by_label("Staleness bound S (steps)")
         before = http.get(f"/runs/{run_id}/policy").json()
 
@@ -82,7 +89,7 @@ def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_
         form.fill(str(before["policy"]["staleness_bound"] + 1))
         page.get_by_role("button", name="Apply policy change").click()
         expect(page.get_by_test_id("stAlert").filter(has_text="Not signed in")).to_be_visible(
-            timeout=30_000)
+            timeout=HANG_GUARD_MS)
         assert http.get(f"/runs/{run_id}/policy").json()["version"] == before["version"]
 
         sign_in(page, SIGN_IN if own_sign_in else TOKEN)
@@ -91,7 +98,7 @@ def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_
         form.fill(str(bound))
         page.get_by_role("button", name="Apply policy change").click()
         expect(page.get_by_test_id("stAlert").filter(has_text="Accepted")).to_contain_text(
-            f"version {before['version'] + 1}", timeout=30_000)
+            f"version {before['version'] + 1}", timeout=HANG_GUARD_MS)
         policy = wait_until(lambda: (p := http.get(f"/runs/{run_id}/policy").json())["version"]
                             > before["version"] and p, what="the change applied")
         assert policy["policy"]["staleness_bound"] == bound
