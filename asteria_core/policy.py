@@ -208,7 +208,8 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Policy))
 
 @dataclass(frozen=True, slots=True)
 class PolicyChange:
-    """One accepted change: its version, its diff, who asked, and when it takes effect."""
+    """One accepted change: its version, its diff, who asked (and why, where the asker says:
+    the autopilot always does), and when it takes effect."""
 
     version: int
     effective_step: int
@@ -216,6 +217,7 @@ class PolicyChange:
     client: str
     requested_at: float
     applied_at: float | None = None
+    reason: str = ""
 
 
 Validator = Callable[[Policy], None]
@@ -254,17 +256,19 @@ class LivePolicy:
         self._validators.append(validator)
 
     def propose(self, changes: Mapping[str, Any], *, client: str = "local",
-                requested_at: float | None = None) -> PolicyChange:
+                requested_at: float | None = None, reason: str = "") -> PolicyChange:
         """Validate `changes` over the newest policy and queue them; raises PolicyError.
         `requested_at`: when it was asked for, if not now (a change queued again when a run
         resumes)."""
-        with self.proposing(changes, client=client, requested_at=requested_at) as change:
+        with self.proposing(changes, client=client, requested_at=requested_at,
+                            reason=reason) as change:
             pass
         return change
 
     @contextmanager
     def proposing(self, changes: Mapping[str, Any], *, client: str = "local",
-                  requested_at: float | None = None) -> Iterator[PolicyChange]:
+                  requested_at: float | None = None,
+                  reason: str = "") -> Iterator[PolicyChange]:
         """`propose`, with the accepted change held while the caller's block runs: it is
         queued when the block ends, and not at all if the block raises. The control plane
         writes the change to its store there, so a change it acknowledges is durable and a
@@ -292,7 +296,7 @@ class LivePolicy:
                                   diff=diff,
                                   client=client,
                                   requested_at=time.time() if requested_at is None
-                                  else requested_at)
+                                  else requested_at, reason=reason)
             yield change
             self._newest, self._newest_version = proposed, change.version
             self._pending.append(change)

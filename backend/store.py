@@ -23,7 +23,7 @@ from typing import Any
 from asteria_core.policy import PolicyChange
 from backend.run_states import ACTIVE, RunStatus
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
@@ -53,9 +53,14 @@ CREATE TABLE IF NOT EXISTS policy_changes (
     client TEXT NOT NULL,
     requested_at REAL NOT NULL,
     applied_at REAL,
+    reason TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, version)
 );
 """
+MIGRATIONS = {
+    # version 1 -> 2: a change says why (the autopilot's reasons)
+    2: "ALTER TABLE policy_changes ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
+}
 STATUS_SQL = "UPDATE runs SET status=?, error=?, updated_at=? WHERE id=?"
 REPAIR_SECONDS = 1.0
 log = logging.getLogger(__name__)
@@ -97,7 +102,11 @@ class RunStore:
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"run store {path} has schema version {version}; this "
                                    f"Asteria understands up to {SCHEMA_VERSION}")
+            fresh = not db.execute("SELECT name FROM sqlite_master WHERE name='runs'").fetchone()
             db.executescript(SCHEMA)
+            for target in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
+                if not fresh:  # a store an older Asteria wrote: bring its tables up to date
+                    db.execute(MIGRATIONS[target])
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._flush_seconds = flush_seconds
         self._status_lock = threading.Lock()
@@ -220,9 +229,10 @@ class RunStore:
         """Record a change (pending while applied_at is None); `durable` returns only once it
         is committed, raising StoreError if it could not be."""
         self._put("INSERT OR REPLACE INTO policy_changes (run_id, version, effective_step, diff, "
-                  "client, requested_at, applied_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  "client, requested_at, applied_at, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                   (run_id, change.version, change.effective_step, json.dumps(change.diff),
-                   change.client, change.requested_at, change.applied_at), checked=durable,
+                   change.client, change.requested_at, change.applied_at, change.reason),
+                  checked=durable,
                   what=f"policy version {change.version} of run {run_id}")
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -328,7 +338,7 @@ class RunStore:
         return [PolicyChange(version=r["version"], effective_step=r["effective_step"],
                              diff={k: tuple(v) for k, v in json.loads(r["diff"]).items()},
                              client=r["client"], requested_at=r["requested_at"],
-                             applied_at=r["applied_at"]) for r in rows]
+                             applied_at=r["applied_at"], reason=r["reason"]) for r in rows]
 
 
 def _run_row(row: sqlite3.Row,

@@ -61,6 +61,7 @@ RANKS = {
     "asteria_core.refresh": 2,
     "asteria_core.tiers": 2,
     "asteria_core.distributed": 2,
+    "asteria_core.autopilot": 2,  # reads records, proposes policy changes
     "asteria_core.runtime": 3,
     "asteria_core.train": 4,
     "asteria_core.cli": 5,

@@ -9,8 +9,10 @@ docs/architecture.md ("The step boundary"):
 2. tiers: re-plan and migrate state after a budget change -> record.tiers;
 3. refresh: swap in due bases (waiting only at the bound), snapshot and queue the blocks due
    a refresh -> record.refresh;
-4. distributed: this rank's exchange figures -> record.distributed;
-5. hooks: the loop's own boundary hooks (`Runtime.at_boundary`).
+4. autopilot: decide on the records so far; a change is proposed to the operator or queued
+   like a PATCH (in force from the next boundary) -> record.autopilot;
+5. distributed: this rank's exchange figures -> record.distributed;
+6. hooks: the loop's own boundary hooks (`Runtime.at_boundary`).
 
 Telemetry's sections (timing, energy) are not boundary stages: they need the step's whole time,
 boundary included, and are added when the record is built and observed.

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asteria_core.autopilot import AutopilotConfig
 from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
@@ -56,6 +57,10 @@ class RuntimeConfig:
     coherence_threshold: float = 0.0
     """Skip (and in a data-parallel run, do not send) a refresh whose basis moved less than
     this (1 - the mean |cosine| between new and old basis vectors; 0 swaps every refresh)."""
+    autopilot: AutopilotConfig | None = None
+    """The autopilot's mode, objective and bounds (asteria_core/autopilot; default: off, which
+    the control plane or `runtime.autopilot.set_mode` may turn on mid-run). Second-order
+    optimizers only: AdamW has no refresh policy to tune."""
     worker_cpus: frozenset[int] | None = None
     """The CPUs the refresh workers run on (None: those of the thread that builds the runtime).
     """

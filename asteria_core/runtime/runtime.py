@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from asteria_core.autopilot import Autopilot, AutopilotConfig
 from asteria_core.distributed import VersionExchange
 from asteria_core.distributed.attach import DataParallel, attach, data_parallel, shared_run_id
 from asteria_core.distributed.rebalance import Rebalancer
@@ -121,6 +122,13 @@ class Runtime:
                     lambda: (engine.computed_seconds, engine.computed_cost), self.reporter,
                     lambda: rounds * self.policy.current.refresh_interval)
         self._listeners: list[Listener] = []
+        self.autopilot: Autopilot | None = None
+        """Tunes the policy from the records (off unless configured or turned on mid-run)."""
+        if self.refresh is not None:
+            self.autopilot = Autopilot(
+                self.policy, config.autopilot or AutopilotConfig(),
+                decides=self.data_parallel is None or self.data_parallel.policy_sync.rank == 0)
+            self._listeners.append(self.autopilot.observe)
         self._boundary_hooks: list[StepHook] = []
         self._between_hooks: list[StepHook] = []
         self._jsonl = JsonlWriter(Path(config.records)) if config.records is not None else None
@@ -292,6 +300,8 @@ class Runtime:
             stages.append(Stage("tiers", self.tiers.on_boundary))
         if self.refresh is not None:
             stages.append(Stage("refresh", self._refresh))
+        if self.autopilot is not None:
+            stages.append(Stage("autopilot", self.autopilot.at_boundary))
         if self.data_parallel is not None:
             stages.append(Stage("distributed", self.data_parallel.at_boundary))
         stages.append(Stage("hooks", self._run_boundary_hooks))

@@ -75,6 +75,19 @@ class EnergyFigures:
 
 
 @dataclass(slots=True)
+class AutopilotFigures:
+    """The autopilot after this step's boundary (asteria_core/autopilot)."""
+
+    mode: str
+    """off | propose | apply."""
+    decisions: dict[str, dict[str, int]]
+    """Decisions since the start, {policy field: {outcome: count}}; outcomes: proposed,
+    applied, accepted, dismissed, rejected."""
+    open_proposals: int
+    """Proposals waiting for the operator."""
+
+
+@dataclass(slots=True)
 class DistributedFigures:
     """This rank's place in a data-parallel run and what its version exchange moved so far."""
 
@@ -117,6 +130,7 @@ class StepRecord:
     tiers: TierFigures | None = None
     energy: EnergyFigures | None = None
     distributed: DistributedFigures | None = None
+    autopilot: AutopilotFigures | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Figures a user's loop logged itself (`runtime.log(name=value)`), by its own names."""
 

@@ -1,0 +1,256 @@
+"""The autopilot's decision: a window of step records, the policy in force and its change history
+in; at most one change out, with the reason that cites the figures behind it.
+
+No clock and no randomness: steps are the only time it knows, so a recorded run (its records and
+its policy history) replays into the same decisions (tests/autopilot/test_decide.py).
+
+In order, the first rule that has something to do wins:
+1. the quality guard: the loss after the autopilot's last change regressed beyond noise -> undo
+   it (and hold its fields);
+2. refreshes fall behind (duty above 1, or the step waits for them) -> give them time: the swap
+   delay back up to S, then more workers, then a longer interval, then a larger S (before a
+   second longer interval when steps still wait at the bound);
+3. the step waits for a slower tier -> a larger budget on the faster one, or disk -> host;
+4. with room to spare (duty under half): an earlier swap (d below S: fresher bases, no
+   extra work);
+5. with much room (duty under 0.3, 0.5 for the energy objective): one worker fewer, if the rest
+   stay under 0.8;
+6. time objective, much room: a shorter refresh interval (fresher bases) while the duty it
+   predicts stays under 0.8.
+Hysteresis: a change aims at a duty of 0.8, and the rules that add work only act below 0.5 or
+0.3, the rules that remove it above 1.05, so a change does not call for its own undoing; nor
+does the autopilot turn a field back the way it moved it within `hold` steps (only the quality
+guard may). A decision reads `settle` steps after the last change, then `window` records, and
+at least two refresh rounds, under the policy in force; `spacing` steps lie between changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from asteria_core.autopilot.config import AutopilotConfig, Objective
+from asteria_core.autopilot.signals import Record, Signals, loss_shift, read
+from asteria_core.fields import AUTO
+from asteria_core.policy import OffloadMode
+
+AUTOPILOT = "autopilot"
+"""The client name of the autopilot's policy changes (the audit's actor)."""
+UNDO = "quality guard"
+"""How an undo's reason begins."""
+
+TARGET_DUTY = 0.8
+BEHIND_DUTY = 1.05
+BEHIND_WAIT = 0.02  # share of step time waited for refreshes
+TIER_WAIT = 0.05  # share of step time waited for a slower tier
+EARLY_SWAP_DUTY = 0.5
+SPARE_DUTY = {Objective.TIME: 0.3, Objective.ENERGY: 0.5}
+
+
+@dataclass(frozen=True)
+class Decision:
+    changes: dict[str, Any]
+    reason: str
+    step: int
+    """The newest record's step when it was decided."""
+    undo: bool = False
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def _after(change: Mapping[str, Any]) -> int:
+    return int(change["effective_step"])
+
+
+def window_size(policy: Mapping[str, Any], config: AutopilotConfig) -> int:
+    """Records a decision reads: `window`, and at least two refresh rounds (a duty or a wait
+    read over less than a round says more about where the window fell than about the work)."""
+    return max(config.window, 2 * int(policy["refresh_interval"]))
+
+
+@dataclass(frozen=True)
+class Held:
+    fields: set[str]
+    """Fields the autopilot leaves alone now."""
+    last_move: dict[str, tuple[Any, Any]]
+    """(old, new) of the autopilot's own last move of a field, within `hold` steps."""
+
+
+def held_fields(history: Sequence[Mapping[str, Any]], now: int, config: AutopilotConfig,
+                holds: Mapping[str, int] | None = None) -> Held:
+    """What the autopilot leaves alone at step `now`: fields an operator changed, or an undo
+    restored, within `config.hold` steps, and those `holds` keeps until a later step (a
+    dismissed proposal); and the direction of its own recent moves, not to be turned back."""
+    held = {name for name, until in (holds or {}).items() if until > now}
+    moves: dict[str, tuple[Any, Any]] = {}
+    for change in history:
+        if _after(change) + config.hold <= now:
+            continue
+        if change["client"] != AUTOPILOT or str(change.get("reason", "")).startswith(UNDO):
+            held.update(change["diff"])
+        else:
+            moves.update({k: tuple(v) for k, v in change["diff"].items()})
+    return Held(held, moves)
+
+
+def _guard(records: Sequence[Record], history: Sequence[Mapping[str, Any]], now: int,
+           config: AutopilotConfig) -> Decision | None:
+    """Undo the autopilot's newest change if the loss regressed after it. Judged once its
+    `guard_steps` after it are recorded, while nobody changed the policy since, from records
+    fixed by then: the verdict never depends on when it is asked."""
+    if not history:
+        return None
+    change = history[-1]
+    if change["client"] != AUTOPILOT or str(change.get("reason", "")).startswith(UNDO):
+        return None  # the newest change is an operator's or an undo: nothing to judge
+    start, g = _after(change), config.guard_steps
+    if now < start + g - 1:
+        return None
+    before = [r for r in records if start - g <= r["step"] < start]
+    after = [r for r in records if start <= r["step"] < start + g]
+    if len(before) < g or len(after) < g:
+        return None  # not both sides whole (yet, or any more): no verdict
+    shift = loss_shift(before, after)
+    if shift is None or not shift.regressed(config.guard_tolerance):
+        return None
+    restore = {name: old for name, (old, _new) in change["diff"].items()}
+    moves = ", ".join(f"{n} {new} -> {old}" for n, (old, new) in change["diff"].items())
+    return Decision(restore, f"{UNDO}: {shift.describe()}, beyond tolerance "
+                             f"{config.guard_tolerance:g} after v{change['version']}: {moves}",
+                    now, undo=True, figures={"before": shift.before, "after": shift.after,
+                                             "noise": shift.noise, "source": shift.source})
+
+
+def _move(policy: Mapping[str, Any], name: str, value: Any, config: AutopilotConfig,
+          held: Held) -> dict[str, Any] | None:
+    """{name: value} within its bound, or None when the field is not the autopilot's to move,
+    the bound leaves it where it is, or it would turn back the autopilot's own recent move."""
+    if name not in config.bounds or name in held.fields:
+        return None
+    value = config.within(name, value)
+    if value is None or value == policy[name]:
+        return None
+    last = held.last_move.get(name)
+    if last is not None and _direction(last[0], last[1]) == -_direction(policy[name], value):
+        return None  # hysteresis: not back the way it came within `hold` steps
+    return {name: value}
+
+
+def _direction(old: Any, new: Any) -> int:
+    """+1 up, -1 down, 0 for what has no order (a choice, "auto")."""
+    if isinstance(old, int) and isinstance(new, int):
+        return (new > old) - (new < old)
+    return 0
+
+
+def _delay(policy: Mapping[str, Any]) -> int:
+    d = policy["swap_delay"]
+    return policy["staleness_bound"] if d == AUTO else int(d)
+
+
+def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
+            held: Held) -> dict[str, Any] | None:
+    if not ((s.duty is not None and s.duty > BEHIND_DUTY) or s.refresh_wait > BEHIND_WAIT):
+        return None
+    bound, delay = policy["staleness_bound"], _delay(policy)
+    if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
+        return move
+    need = (s.demand or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
+    workers = policy["workers"]
+    more = max(workers + 1, math.ceil(workers * need)) if workers else 1
+    if move := _move(policy, "workers", more, config, held):
+        return move
+    interval = policy["refresh_interval"]
+    longer = _move(policy, "refresh_interval",
+                   max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0))),
+                   config, held)
+    # Steps still wait at the bound after a longer interval: a refresh takes longer than the
+    # S steps it may lag (latency, not capacity), so S grows first (d follows it on "auto").
+    larger = _move(policy, "staleness_bound", max(bound + 1, 2 * bound), config, held) \
+        if s.at_bound > 0.2 else None
+    if larger and "refresh_interval" in held.last_move:
+        return larger
+    return longer or larger
+
+
+def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
+                held: Held) -> dict[str, Any] | None:
+    if s.transfer_wait <= TIER_WAIT:
+        return None
+    for budget in ("device_budget_bytes", "host_budget_bytes"):
+        if policy[budget] > 0 and (move := _move(policy, budget, 2 * policy[budget], config,
+                                                 held)):
+            return move
+    if policy["offload_mode"] == OffloadMode.DISK:
+        return _move(policy, "offload_mode", OffloadMode.HOST.value, config, held)
+    return None
+
+
+def _early_swap(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
+                held: Held) -> dict[str, Any] | None:
+    if s.duty is None or s.duty >= EARLY_SWAP_DUTY or s.refresh_wait > BEHIND_WAIT / 4:
+        return None
+    delay = _delay(policy)
+    # A model, not a measurement: a round's work is due within min(d, interval) steps, so d
+    # steps instead of `delay` load the workers about span / d times more.
+    span = min(delay, policy["refresh_interval"])
+    target = max(1, math.ceil(span * s.duty / TARGET_DUTY))
+    if target > delay - 2:
+        return None
+    return _move(policy, "swap_delay", target, config, held)
+
+
+def _fewer_workers(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
+                   held: Held) -> dict[str, Any] | None:
+    workers = policy["workers"]
+    if s.duty is None or workers < 2 or s.duty >= SPARE_DUTY[Objective(config.objective)]:
+        return None
+    if s.duty * workers / (workers - 1) > TARGET_DUTY:
+        return None
+    return _move(policy, "workers", workers - 1, config, held)
+
+
+def _shorter_interval(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
+                      held: Held) -> dict[str, Any] | None:
+    if config.objective != Objective.TIME or s.duty is None or s.duty >= SPARE_DUTY[
+            Objective.TIME] or s.refresh_wait > BEHIND_WAIT / 4:
+        return None
+    interval = policy["refresh_interval"]
+    shorter = max(1, math.ceil(interval * s.duty / TARGET_DUTY))
+    if shorter > interval * 3 // 4:
+        return None
+    return _move(policy, "refresh_interval", shorter, config, held)
+
+
+RULES = (_behind, _tier_bound, _early_swap, _fewer_workers, _shorter_interval)
+
+
+def decide(records: Sequence[Record], policy: Mapping[str, Any],
+           history: Sequence[Mapping[str, Any]], config: AutopilotConfig,
+           holds: Mapping[str, int] | None = None) -> Decision | None:
+    """At most one policy change for the newest of `records` (oldest first, as JSON), under
+    `policy` (the newest, as a dict) with its `history` (applied changes, oldest first, each
+    with version, effective_step, diff {field: [old, new]}, client and reason)."""
+    if not records:
+        return None
+    now = int(records[-1]["step"])
+    if guarded := _guard(records, history, now, config):
+        return guarded
+    since = max((_after(c) for c in history), default=0)
+    if history and now - since + 1 < config.spacing:
+        return None
+    version = records[-1].get("policy_version")
+    under = [r for r in records if r.get("policy_version") == version
+             and r["step"] >= since + config.settle]
+    size = window_size(policy, config)
+    if len(under) < size:
+        return None
+    signals = read(under[-size:])
+    held = held_fields(history, now, config, holds)
+    for rule in RULES:
+        if changes := rule(signals, policy, config, held):
+            moves = ", ".join(f"{k} {policy[k]} -> {v}" for k, v in changes.items())
+            return Decision(changes, f"{signals.describe()}: {moves}", now,
+                            figures={k: v for k, v in vars(signals).items() if v is not None})
+    return None

@@ -1,0 +1,214 @@
+"""The autopilot as a runtime part: it reads every completed step record (the one telemetry
+channel, as any listener does), asks `decide` for a change, and either proposes it to the
+operator or applies it as an ordinary policy change (`LivePolicy.propose`, client
+"autopilot", with its reason), which takes effect at the next step boundary like any PATCH.
+
+It runs as the boundary's autopilot stage, after the refresh stage, on the records completed so
+far (fed by the runtime's record listener), and returns the record's `autopilot` section. In a
+data-parallel run only rank 0 decides; the policy sync carries its changes to every rank.
+Thread-safe: the training thread feeds it, the control plane reads it, answers its proposals
+and sets its mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+from asteria_core.autopilot.config import AutopilotConfig, AutopilotError, Mode
+from asteria_core.autopilot.decide import AUTOPILOT, Decision, decide, window_size
+from asteria_core.policy import LivePolicy, PolicyChange, PolicyError
+from asteria_core.telemetry.records import AutopilotFigures, StepRecord
+
+log = logging.getLogger(__name__)
+
+MAX_RECORDS = 4096
+"""Records kept: two rounds at a refresh interval of up to about 2000 steps."""
+MAX_KEPT = 200
+"""Proposals and decisions kept for the API (the audit keeps every applied change)."""
+
+
+class Outcome:
+    PROPOSED = "proposed"
+    APPLIED = "applied"  # queued as a policy change (in force from the next boundary)
+    ACCEPTED = "accepted"  # a proposal the operator accepted: applied
+    DISMISSED = "dismissed"
+    SUPERSEDED = "superseded"  # an open proposal the policy moved past (the operator's change)
+    REJECTED = "rejected"  # the policy refused it (a validator): nothing changed
+
+
+@dataclass
+class Proposal:
+    id: int
+    step: int
+    changes: dict[str, Any]
+    reason: str
+    undo: bool
+    status: str = Outcome.PROPOSED
+    version: int | None = None
+    """The policy version it became, once applied."""
+
+
+def _change_dict(change: PolicyChange) -> dict[str, Any]:
+    return {"version": change.version, "effective_step": change.effective_step,
+            "diff": change.diff, "client": change.client, "reason": change.reason}
+
+
+class Autopilot:
+    def __init__(self, live: LivePolicy, config: AutopilotConfig, *, decides: bool = True) -> None:
+        """`decides`: False on a data-parallel rank other than 0 (it follows rank 0)."""
+        self.live = live
+        self._config = config
+        self.decides = decides
+        self._lock = threading.Lock()
+        self._records: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDS)
+        self._holds: dict[str, int] = {}
+        self._proposals: deque[Proposal] = deque(maxlen=MAX_KEPT)
+        self._next_id = 1
+        self.counts: Counter[tuple[str, str]] = Counter()
+        """Decisions by (field, outcome), since the start."""
+
+    @property
+    def config(self) -> AutopilotConfig:
+        return self._config
+
+    @property
+    def mode(self) -> str:
+        return self._config.mode
+
+    def set_mode(self, mode: str) -> None:
+        """off is the kill switch: nothing is decided from the next record on, and open
+        proposals are withdrawn (dismissed)."""
+        with self._lock:
+            self._config = dataclasses.replace(self._config, mode=mode)
+            if mode == Mode.OFF:
+                for p in self._proposals:
+                    if p.status == Outcome.PROPOSED:
+                        p.status = Outcome.DISMISSED
+
+    # ----------------------------------------------------------------- the runtime's calls
+    def observe(self, record: StepRecord) -> None:
+        """A completed step record (the runtime's listener)."""
+        data = record.to_dict()
+        with self._lock:
+            self._records.append(data)
+
+    def at_boundary(self, step: int) -> AutopilotFigures:
+        """The boundary's autopilot stage: decide on the records so far, then propose or apply
+        (a change applied here is queued: in force from the next boundary, like a PATCH)."""
+        with self._lock:
+            if self._config.mode != Mode.OFF and self.decides and not self.live.pending():
+                self._decide()
+            return self._figures()
+
+    def _decide(self) -> None:
+        self._supersede()
+        policy, config = self.live.current.to_dict(), self._config
+        # what a decision can read (decide() takes any longer tail to the same answer)
+        tail = max(window_size(policy, config) + config.settle + config.spacing,
+                   2 * config.guard_steps)
+        records = list(itertools.islice(self._records, max(0, len(self._records) - tail), None))
+        decision = decide(records, policy, [_change_dict(c) for c in self.live.history()],
+                          config, self._holds)
+        if decision is None:
+            return
+        if self._config.mode == Mode.APPLY:
+            self._apply(self._new_proposal(decision), Outcome.APPLIED)
+        elif not any(p.status == Outcome.PROPOSED and p.changes == decision.changes
+                     for p in self._proposals):
+            self._new_proposal(decision)
+            self._count(decision.changes, Outcome.PROPOSED)
+
+    def _figures(self) -> AutopilotFigures:
+        decisions: dict[str, dict[str, int]] = {}
+        for (name, outcome), n in sorted(self.counts.items()):
+            decisions.setdefault(name, {})[outcome] = n
+        return AutopilotFigures(
+            mode=self._config.mode, decisions=decisions,
+            open_proposals=sum(p.status == Outcome.PROPOSED for p in self._proposals))
+
+    def _new_proposal(self, decision: Decision) -> Proposal:
+        for p in self._proposals:  # one open proposal: the newest decision replaces it
+            if p.status == Outcome.PROPOSED:
+                p.status = Outcome.SUPERSEDED
+        proposal = Proposal(self._next_id, decision.step, dict(decision.changes),
+                            decision.reason, decision.undo)
+        self._next_id += 1
+        self._proposals.append(proposal)
+        return proposal
+
+    def _apply(self, proposal: Proposal, outcome: str) -> None:
+        try:
+            change = self.live.propose(proposal.changes, client=AUTOPILOT,
+                                       reason=proposal.reason)
+        except PolicyError as err:
+            proposal.status = Outcome.REJECTED
+            proposal.reason += f" (refused: {err})"
+            self._count(proposal.changes, Outcome.REJECTED)
+            log.warning("autopilot: %s refused: %s", proposal.changes, err)
+            return
+        proposal.status, proposal.version = outcome, change.version
+        self._count(proposal.changes, outcome)
+        log.info("autopilot v%d: %s", change.version, proposal.reason)
+
+    def _supersede(self) -> None:
+        """An open proposal is moot once someone else changed one of its fields after it."""
+        others = [c for c in self.live.history() if c.client != AUTOPILOT]
+        for p in self._proposals:
+            if p.status == Outcome.PROPOSED and any(
+                    c.effective_step > p.step and set(c.diff) & set(p.changes) for c in others):
+                p.status = Outcome.SUPERSEDED
+
+    def _count(self, changes: dict[str, Any], outcome: str) -> None:
+        for name in changes:
+            self.counts[(name, outcome)] += 1
+
+    # ----------------------------------------------------------------- the operator's answers
+    def accept(self, proposal_id: int) -> Proposal:
+        """Apply an open proposal now (as the autopilot's change); raises AutopilotError when it
+        is not open, PolicyError when the policy refuses it."""
+        with self._lock:
+            proposal = self._open(proposal_id)
+            self._apply(proposal, Outcome.ACCEPTED)
+            if proposal.status == Outcome.REJECTED:
+                raise PolicyError(next(iter(proposal.changes)), proposal.reason)
+            return dataclasses.replace(proposal)
+
+    def dismiss(self, proposal_id: int) -> Proposal:
+        """Drop an open proposal; its fields are held from the autopilot for `hold` steps from
+        the newest record."""
+        with self._lock:
+            proposal = self._open(proposal_id)
+            proposal.status = Outcome.DISMISSED
+            now = self._records[-1]["step"] if self._records else proposal.step
+            until = now + self._config.hold
+            for name in proposal.changes:
+                self._holds[name] = max(self._holds.get(name, 0), until)
+            self._count(proposal.changes, Outcome.DISMISSED)
+            return dataclasses.replace(proposal)
+
+    def _open(self, proposal_id: int) -> Proposal:
+        for p in self._proposals:
+            if p.id == proposal_id:
+                if p.status != Outcome.PROPOSED:
+                    raise AutopilotError("proposal", f"{proposal_id} is {p.status}, not open")
+                return p
+        raise AutopilotError("proposal", f"no proposal {proposal_id}")
+
+    # ----------------------------------------------------------------- what the API shows
+    def proposals(self) -> list[Proposal]:
+        with self._lock:
+            return [dataclasses.replace(p) for p in self._proposals]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Mode, settings, proposals (newest last) and decision counts, as plain data."""
+        with self._lock:
+            return {"config": self._config.to_dict(), "decides": self.decides,
+                    "proposals": [dataclasses.asdict(p) for p in self._proposals],
+                    "counts": [{"field": f, "outcome": o, "count": n}
+                               for (f, o), n in sorted(self.counts.items())]}

@@ -1,0 +1,208 @@
+"""The autopilot's decision function on record windows: no change when nothing is wrong, the
+rules in their order, hysteresis, bounds, the operator's hold, the spacing and the quality
+guard. Windows are step records in their JSON form (what a run's JSONL file holds), so a recorded
+run replays: tests/asteria_core/autopilot/test_replay.py feeds one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from asteria_core.autopilot import AUTOPILOT, UNDO, AutopilotConfig, AutopilotError, decide
+from asteria_core.policy import Policy
+
+CONFIG = AutopilotConfig(mode="apply", window=20, settle=5, spacing=30, hold=100,
+                         guard_steps=20, bounds={"refresh_interval": (5, 100),
+                                                 "staleness_bound": (1, 20),
+                                                 "swap_delay": (1, 20), "workers": (1, 2)})
+
+
+def record(step: int, *, duty: float | None = 0.6, refresh_wait: float = 0.0,
+           transfer_wait: float = 0.0, loss: float = 3.0, version: int = 1,
+           bound: int = 10, staleness: int = 4, eval_loss: float | None = None) -> dict:
+    return {"step": step, "step_seconds": 0.1, "loss": loss, "tokens": 512,
+            "policy_version": version, "eval_loss": eval_loss,
+            "timing": {"idle_seconds": {"refresh_wait": refresh_wait,
+                                        "transfer_wait": transfer_wait}},
+            "refresh": {"background_load": duty, "staleness_max": staleness,
+                        "staleness_bound": bound, "queue_depth": 1}}
+
+
+def run(steps: range, **kw) -> list[dict]:
+    return [record(s, **kw) for s in steps]
+
+
+def policy(**changes) -> dict:
+    """The default policy with `changes`, as data (not validated against this machine's cores:
+    the decision never builds a Policy)."""
+    return {**Policy().to_dict(), **changes}
+
+
+def change(version: int, step: int, diff: dict, client: str = AUTOPILOT,
+           reason: str = "") -> dict:
+    return {"version": version, "effective_step": step, "diff": diff, "client": client,
+            "reason": reason}
+
+
+def test_nothing_wrong_no_change():
+    assert decide(run(range(1, 201)), policy(), [], CONFIG) is None
+
+
+def test_too_few_records_no_change():
+    assert decide(run(range(1, 20), duty=2.0), policy(), [], CONFIG) is None
+
+
+def test_duty_above_one_adds_workers_with_a_reason_citing_it():
+    decision = decide(run(range(1, 41), duty=1.6), policy(), [], CONFIG)
+    assert decision.changes == {"workers": 2}  # ceil(1 x 1.6 / 0.8)
+    assert decision.reason.startswith("refresh duty 1.60 over 20 steps")
+    assert decision.reason.endswith("workers 1 -> 2")
+    assert decision.step == 40 and not decision.undo
+
+
+def test_pinned_swap_delay_goes_back_up_first():
+    d = decide(run(range(1, 41), duty=1.3), policy(swap_delay=3), [], CONFIG)
+    assert d.changes == {"swap_delay": 10}
+
+
+def test_workers_at_their_bound_the_interval_grows_instead():
+    config = AutopilotConfig(mode="apply", window=20, settle=5,
+                             bounds={"workers": (1, 1), "refresh_interval": (5, 30)})
+    d = decide(run(range(1, 41), duty=2.0), policy(), [], config)
+    assert d.changes == {"refresh_interval": 25}  # ceil(10 x 2.0 / 0.8)
+    d = decide(run(range(1, 41), duty=8.0), policy(), [], config)
+    assert d.changes == {"refresh_interval": 30}  # clipped to the operator's bound
+
+
+def test_inline_refreshes_that_block_get_a_worker():
+    d = decide(run(range(1, 41), duty=None, refresh_wait=0.02), policy(workers=0), [], CONFIG)
+    assert d.changes == {"workers": 1}
+    assert "refresh_wait 20% of step time" in d.reason
+
+
+def test_a_field_without_bounds_is_never_moved():
+    config = AutopilotConfig(mode="apply", window=20, settle=5, bounds={})
+    assert decide(run(range(1, 41), duty=3.0), policy(), [], config) is None
+
+
+def test_transfer_waits_raise_a_budget_the_operator_bounded():
+    records = run(range(1, 41), transfer_wait=0.02)
+    assert decide(records, policy(host_budget_bytes=1000), [], CONFIG) is None  # not bounded
+    config = AutopilotConfig(mode="apply", window=20, settle=5,
+                             bounds={"host_budget_bytes": (0, 3000)})
+    assert decide(records, policy(host_budget_bytes=1000), [], config).changes == \
+        {"host_budget_bytes": 2000}
+    config = AutopilotConfig(mode="apply", window=20, settle=5,
+                             bounds={"offload_mode": ["host", "disk"]})
+    assert decide(records, policy(offload_mode="disk"), [], config).changes == \
+        {"offload_mode": "host"}
+
+
+def test_spare_room_swaps_earlier_then_drops_a_worker():
+    d = decide(run(range(1, 41), duty=0.2), policy(workers=2), [], CONFIG)
+    assert d.changes == {"swap_delay": 3}  # ceil(10 x 0.2 / 0.8): fresher bases first
+    d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_delay=1), [], CONFIG)
+    assert d.changes == {"workers": 1}  # 0.2 x 2 / 1 = 0.4 stays under 0.8
+
+
+def test_hysteresis_a_change_does_not_call_for_its_own_undoing():
+    """From duty 1.6 the autopilot aims at 0.8; at 0.8 (what the change brings) no rule acts,
+    in either direction, under any objective."""
+    up = decide(run(range(1, 41), duty=1.6), policy(), [], CONFIG)
+    after = policy(**up.changes)
+    history = [change(2, 41, {"workers": [1, 2]})]
+    for objective in ("time", "energy"):
+        config = AutopilotConfig(mode="apply", window=20, settle=5, spacing=30, hold=100,
+                                 guard_steps=20, objective=objective)
+        records = run(range(1, 41), duty=1.6) + run(range(41, 120), duty=0.8, version=2)
+        assert decide(records, after, history, config) is None
+
+
+def test_spacing_between_changes():
+    history = [change(2, 41, {"staleness_bound": [10, 12]})]
+    records = run(range(1, 41), duty=1.6) + run(range(41, 66), duty=1.6, version=2)
+    assert decide(records, policy(staleness_bound=12), history, CONFIG) is None  # 25 < 30 steps
+    records += run(range(66, 71), duty=1.6, version=2)
+    assert decide(records, policy(staleness_bound=12), history, CONFIG).changes == {"workers": 2}
+
+
+def test_operator_change_holds_its_field():
+    history = [change(2, 50, {"workers": [1, 1]}, client="operator")]
+    records = run(range(1, 50), duty=1.6) + run(range(50, 100), duty=1.6, version=2)
+    d = decide(records, policy(), history, CONFIG)
+    assert d.changes == {"refresh_interval": 20}  # workers are the operator's for now
+    records += run(range(100, 151), duty=1.6, version=2)
+    assert decide(records, policy(), history, CONFIG).changes == {"workers": 2}  # hold over
+
+
+def test_dismissed_fields_are_held_until_the_step_given():
+    records = run(range(1, 41), duty=1.6)
+    d = decide(records, policy(), [], CONFIG, holds={"workers": 41})
+    assert d.changes == {"refresh_interval": 20}
+    assert decide(records, policy(), [], CONFIG, holds={"workers": 40}).changes == {"workers": 2}
+
+
+def test_quality_guard_undoes_a_change_the_loss_regressed_after():
+    ups = [change(2, 41, {"swap_delay": ["auto", 2]}, reason="refresh duty 0.20 ...")]
+    before = [record(s, loss=3.0 + 0.01 * (s % 2)) for s in range(21, 41)]
+    worse = [record(s, loss=3.2 + 0.01 * (s % 2), version=2) for s in range(41, 61)]
+    d = decide(before + worse, policy(swap_delay=2), ups, CONFIG)
+    assert d.undo and d.changes == {"swap_delay": "auto"}
+    assert d.reason.startswith(f"{UNDO}: train loss 3.2050 after against 3.0050 before")
+    assert d.reason.endswith("after v2: swap_delay 2 -> auto")
+    # noise: the same shift within the losses' spread is no regression
+    noisy = [record(s, loss=3.0 + 1.0 * (s % 2)) for s in range(21, 41)]
+    noisier = [record(s, loss=3.2 + 1.0 * (s % 2), version=2) for s in range(41, 61)]
+    assert decide(noisy + noisier, policy(swap_delay=2), ups, CONFIG) is None
+    # judged only once the guard's steps after the change are all recorded
+    assert decide(before + worse[:-1], policy(swap_delay=2), ups, CONFIG) is None
+
+
+def test_quality_guard_reads_eval_loss_where_there_is_one():
+    ups = [change(2, 41, {"refresh_interval": [10, 25]})]
+    before = run(range(21, 41)) + []
+    before[-1]["eval_loss"] = 2.50
+    after = run(range(41, 61), version=2)
+    after[5]["eval_loss"] = 2.55  # train loss flat, eval worse by more than the tolerance
+    d = decide(before + after, policy(refresh_interval=25), ups, CONFIG)
+    assert d.undo and d.changes == {"refresh_interval": 10} and "eval loss 2.5500" in d.reason
+    after[5]["eval_loss"] = 2.51
+    assert decide(before + after, policy(refresh_interval=25), ups, CONFIG) is None
+
+
+def test_an_undone_field_is_held():
+    history = [change(2, 41, {"workers": [1, 2]}),
+               change(3, 61, {"workers": [2, 1]}, reason=f"{UNDO}: ...")]
+    records = run(range(1, 61), duty=1.6) + run(range(61, 120), duty=1.6, version=3)
+    assert decide(records, policy(), history, CONFIG).changes == {"refresh_interval": 20}
+
+
+def test_operator_changes_are_never_judged_by_the_guard():
+    history = [change(2, 41, {"staleness_bound": [10, 2]}, client="operator")]
+    records = run(range(21, 41)) + run(range(41, 61), loss=9.0, version=2)
+    assert decide(records, policy(staleness_bound=2), history, CONFIG) is None
+
+
+def test_same_window_same_decision():
+    records = run(range(1, 41), duty=1.37)
+    first = decide(records, policy(), [], CONFIG)
+    assert all(decide(records, policy(), [], CONFIG) == first for _ in range(3))
+    assert first.changes == {"workers": math.ceil(1.37 / 0.8)}
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"mode": "auto"}, "mode"),
+    ({"objective": "speed"}, "objective"),
+    ({"bounds": {"lr": (1, 2)}}, "bounds.lr"),
+    ({"bounds": {"workers": (3, 1)}}, "bounds.workers"),
+    ({"bounds": {"workers": (0, 10**9)}}, "bounds.workers"),
+    ({"bounds": {"offload_mode": ["tape"]}}, "bounds.offload_mode"),
+    ({"window": 0}, "window"),
+    ({"guard_tolerance": float("nan")}, "guard_tolerance"),
+])
+def test_bad_settings_name_the_field(bad, field):
+    with pytest.raises(AutopilotError) as err:
+        AutopilotConfig(**bad)
+    assert err.value.field == field
+    assert "allowed" in str(err.value)
