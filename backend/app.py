@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
+from asteria_core.autopilot import AutopilotError, NoProposal, ProposalNotOpen
 from asteria_core.policy import PolicyError
 from asteria_core.runtime import Runtime
 from asteria_core.train.config import ConfigError, RunConfig, TrainConfig
@@ -37,7 +38,7 @@ from backend.config_schema import in_settings_words
 from backend.deps import require_token
 from backend.events import Broadcaster
 from backend.fastlane import LiveReadFastLane
-from backend.routes import data, policy, ranks, runs
+from backend.routes import autopilot, data, policy, ranks, runs
 from backend.runs import RunConflict, RunManager, RunNotFound
 from backend.settings import Settings, get_settings
 from backend.store import RunStore, StoreError
@@ -76,7 +77,7 @@ def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
     return ErrorResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
 
 
-API_MODULES = (runs, policy, data, ranks)
+API_MODULES = (runs, policy, autopilot, data, ranks)
 
 
 def _routes(app: FastAPI) -> list[BaseRoute]:
@@ -159,6 +160,19 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RunConflict)
     def conflict(_: Request, err: RunConflict) -> JSONResponse:
         return ErrorResponse({"detail": str(err)}, status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(NoProposal)
+    def no_proposal(_: Request, err: NoProposal) -> JSONResponse:
+        return ErrorResponse({"detail": str(err)}, status.HTTP_404_NOT_FOUND)
+
+    @app.exception_handler(ProposalNotOpen)
+    def proposal_not_open(_: Request, err: ProposalNotOpen) -> JSONResponse:
+        return ErrorResponse({"detail": str(err)}, status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(AutopilotError)
+    def bad_autopilot(_: Request, err: AutopilotError) -> JSONResponse:
+        where = [int(p) if p.isdigit() else p for p in err.field.split(".")]  # bounds.workers.0
+        return _error(422, ["body", *where], str(err), "autopilot_error")
 
     @app.exception_handler(PolicyError)
     def bad_policy(_: Request, err: PolicyError) -> JSONResponse:

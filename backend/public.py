@@ -5,7 +5,8 @@ Runs, step records, policies, their history and /metrics are public, so a dashbo
 scraper needs no secret. Hidden from them: file system paths (a run's folder is shown as
 `runs/<id>`, a path in a config or policy by its last component), a failed run's error beyond
 its kind (messages may name files), and who changed a policy (the audit's client, an IP address
-and user agent, reads `operator`). A GET that carries the token sees every field.
+and user agent, reads `operator`; the autopilot's changes say `autopilot`). A GET that carries
+the token sees every field.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 from pathlib import PurePath
 from typing import Any
 
+from asteria_core.autopilot import AUTOPILOT
 from asteria_core.policy import PolicyChange
 
 PATH_KEYS = (("data", "corpus"), ("train", "resume"), ("train", "out_dir"),
@@ -46,4 +48,6 @@ def change(values: PolicyChange) -> PolicyChange:
     diff = values.diff
     if "disk_dir" in diff:
         diff = {**diff, "disk_dir": tuple(_name(v) for v in diff["disk_dir"])}
-    return dataclasses.replace(values, client=CLIENT, diff=diff)
+    # the autopilot is no person: its changes keep their actor, and their reason, in public
+    client = values.client if values.client == AUTOPILOT else CLIENT
+    return dataclasses.replace(values, client=client, diff=diff)

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from asteria_core.autopilot import Autopilot, Proposal
 from asteria_core.policy import LivePolicy, Policy, PolicyChange
 from asteria_core.runtime import Runtime
 from asteria_core.train.config import RunConfig
@@ -172,6 +173,22 @@ class RunManager:
         with live.proposing(changes, client=client) as change:
             self.store.add_policy_change(run_id, change, durable=True)
         return change
+
+    def autopilot(self, run_id: str) -> Autopilot:
+        """The active run's autopilot (a second-order optimizer's; 409 otherwise)."""
+        active = self._require_active(run_id)
+        pilot = active.runtime.autopilot if active.runtime is not None else None
+        if pilot is None:
+            raise RunConflict(f"run {run_id} has no autopilot (a second-order optimizer's "
+                              "runtime has one, once its trainer is built)")
+        return pilot
+
+    def accept_proposal(self, run_id: str, proposal_id: int) -> Proposal:
+        """Apply the autopilot's open proposal, stored (pending) before it is queued, as a
+        PATCH is."""
+        return self.autopilot(run_id).accept(
+            proposal_id, within=lambda change: self.store.add_policy_change(run_id, change,
+                                                                            durable=True))
 
     def policy(self, run_id: str) -> tuple[dict[str, Any], int, list[PolicyChange]]:
         active = self._active

@@ -101,6 +101,8 @@ class PolicyChangePublic(BaseModel):
     client: str
     requested_at: float
     applied_at: float | None
+    reason: str = Field("", description="Why, where the asker said: the autopilot's figures "
+                                        "behind its change.")
 
 
 class PolicyPublic(BaseModel):

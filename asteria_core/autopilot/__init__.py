@@ -10,7 +10,14 @@ from asteria_core.autopilot.config import (
     Objective,
 )
 from asteria_core.autopilot.decide import AUTOPILOT, UNDO, Decision, decide
-from asteria_core.autopilot.pilot import Autopilot, Outcome, Proposal
+from asteria_core.autopilot.pilot import (
+    Autopilot,
+    NoProposal,
+    Outcome,
+    Proposal,
+    ProposalNotOpen,
+)
 
 __all__ = ["ACTIONS", "AUTOPILOT", "DEFAULT_BOUNDS", "UNDO", "Autopilot", "AutopilotConfig",
-           "AutopilotError", "Decision", "Mode", "Objective", "Outcome", "Proposal", "decide"]
+           "AutopilotError", "Decision", "Mode", "NoProposal", "Objective", "Outcome", "Proposal",
+           "ProposalNotOpen", "decide"]

@@ -41,18 +41,27 @@ Tier budgets and the offload mode are a memory promise: moved only where the ope
 them."""
 
 
-def _bound_problem(name: str, bound: Any) -> str | None:
-    """None when `bound` is a valid bound for policy field `name`, else why not."""
+def _bound_problem(name: str, bound: Any) -> tuple[str, str] | None:
+    """None when `bound` is a valid bound for policy field `name`, else (where, why): where is
+    the field, or the field and the index of the item at fault."""
     spec = _SETTINGS[name]
     if spec.kind == Kind.CHOICE:
-        ok = isinstance(bound, list | tuple) and bound and all(b in spec.choices for b in bound)
-        return None if ok else (f"got {bound!r}; allowed: a non-empty list of "
-                                f"{' | '.join(spec.choices)}")
-    ok = (isinstance(bound, list | tuple) and len(bound) == 2
-          and all(isinstance(b, int) and not isinstance(b, bool) for b in bound)
-          and spec.minimum <= bound[0] <= bound[1] <= spec.maximum)
-    return None if ok else (f"got {bound!r}; allowed: [low, high], integers with "
-                            f"{spec.minimum} <= low <= high <= {spec.maximum}")
+        if not isinstance(bound, list | tuple) or not bound:
+            return name, f"got {bound!r}; allowed: a non-empty list of {' | '.join(spec.choices)}"
+        for i, item in enumerate(bound):
+            if item not in spec.choices:
+                return f"{name}.{i}", f"got {item!r}; allowed: {' | '.join(spec.choices)}"
+        return None
+    if not isinstance(bound, list | tuple) or len(bound) != 2:
+        return name, f"got {bound!r}; allowed: [low, high]"
+    for i, item in enumerate(bound):
+        if not (isinstance(item, int) and not isinstance(item, bool)
+                and spec.minimum <= item <= spec.maximum):
+            return f"{name}.{i}", (f"got {item!r}; allowed: an integer in "
+                                   f"[{spec.minimum}, {spec.maximum}]")
+    if bound[0] > bound[1]:
+        return name, f"got {list(bound)}; allowed: low <= high"
+    return None
 
 
 class AutopilotError(ValueError):
@@ -98,9 +107,8 @@ class AutopilotConfig:
             if name not in ACTIONS:
                 raise AutopilotError(f"bounds.{name}", f"not a field the autopilot moves; "
                                                        f"allowed: {', '.join(ACTIONS)}")
-            problem = _bound_problem(name, bound)
-            if problem:
-                raise AutopilotError(f"bounds.{name}", problem)
+            if problem := _bound_problem(name, bound):
+                raise AutopilotError(f"bounds.{problem[0]}", problem[1])
         for name, lo, hi in (("window", 5, 10_000), ("settle", 0, 10_000),
                              ("spacing", 1, MAX_STEPS), ("hold", 0, MAX_STEPS),
                              ("guard_steps", 5, 10_000)):

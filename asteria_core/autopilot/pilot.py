@@ -17,6 +17,7 @@ import itertools
 import logging
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,14 @@ MAX_KEPT = 200
 """Proposals and decisions kept for the API (the audit keeps every applied change)."""
 
 
+class NoProposal(AutopilotError):
+    pass
+
+
+class ProposalNotOpen(AutopilotError):
+    pass
+
+
 class Outcome:
     PROPOSED = "proposed"
     APPLIED = "applied"  # queued as a policy change (in force from the next boundary)
@@ -40,6 +49,11 @@ class Outcome:
     DISMISSED = "dismissed"
     SUPERSEDED = "superseded"  # an open proposal the policy moved past (the operator's change)
     REJECTED = "rejected"  # the policy refused it (a validator): nothing changed
+
+
+COUNTED = (Outcome.PROPOSED, Outcome.APPLIED, Outcome.ACCEPTED, Outcome.DISMISSED,
+           Outcome.REJECTED)
+"""The outcomes the decision counters have (superseded proposals are not counted)."""
 
 
 @dataclass
@@ -82,11 +96,15 @@ class Autopilot:
         return self._config.mode
 
     def set_mode(self, mode: str) -> None:
-        """off is the kill switch: nothing is decided from the next record on, and open
-        proposals are withdrawn (dismissed)."""
+        """off is the kill switch (see `configure`); raises AutopilotError on a bad mode."""
+        self.configure(dataclasses.replace(self._config, mode=mode))
+
+    def configure(self, config: AutopilotConfig) -> None:
+        """New settings from the next boundary on. Mode off is the kill switch: nothing is
+        decided from then on, and open proposals are withdrawn (dismissed)."""
         with self._lock:
-            self._config = dataclasses.replace(self._config, mode=mode)
-            if mode == Mode.OFF:
+            self._config = config
+            if config.mode == Mode.OFF:
                 for p in self._proposals:
                     if p.status == Outcome.PROPOSED:
                         p.status = Outcome.DISMISSED
@@ -125,9 +143,11 @@ class Autopilot:
             self._count(decision.changes, Outcome.PROPOSED)
 
     def _figures(self) -> AutopilotFigures:
-        decisions: dict[str, dict[str, int]] = {}
-        for (name, outcome), n in sorted(self.counts.items()):
-            decisions.setdefault(name, {})[outcome] = n
+        # every bounded field and outcome from the start, at 0: a counter that exists before
+        # its first increase gives rate() and increase() their baseline
+        names = sorted({*self._config.bounds, *(name for name, _ in self.counts)})
+        decisions = {name: {outcome: self.counts[(name, outcome)] for outcome in COUNTED}
+                     for name in names}
         return AutopilotFigures(
             mode=self._config.mode, decisions=decisions,
             open_proposals=sum(p.status == Outcome.PROPOSED for p in self._proposals))
@@ -142,10 +162,13 @@ class Autopilot:
         self._proposals.append(proposal)
         return proposal
 
-    def _apply(self, proposal: Proposal, outcome: str) -> None:
+    def _apply(self, proposal: Proposal, outcome: str,
+               within: Callable[[PolicyChange], None] | None = None) -> None:
         try:
-            change = self.live.propose(proposal.changes, client=AUTOPILOT,
-                                       reason=proposal.reason)
+            with self.live.proposing(proposal.changes, client=AUTOPILOT,
+                                     reason=proposal.reason) as change:
+                if within is not None:
+                    within(change)
         except PolicyError as err:
             proposal.status = Outcome.REJECTED
             proposal.reason += f" (refused: {err})"
@@ -169,12 +192,15 @@ class Autopilot:
             self.counts[(name, outcome)] += 1
 
     # ----------------------------------------------------------------- the operator's answers
-    def accept(self, proposal_id: int) -> Proposal:
+    def accept(self, proposal_id: int,
+               within: Callable[[PolicyChange], None] | None = None) -> Proposal:
         """Apply an open proposal now (as the autopilot's change); raises AutopilotError when it
-        is not open, PolicyError when the policy refuses it."""
+        is not open, PolicyError when the policy refuses it. `within(change)` runs before the
+        change is queued (`LivePolicy.proposing`: the control plane stores it there); if it
+        raises, nothing is queued and the proposal stays open."""
         with self._lock:
             proposal = self._open(proposal_id)
-            self._apply(proposal, Outcome.ACCEPTED)
+            self._apply(proposal, Outcome.ACCEPTED, within)
             if proposal.status == Outcome.REJECTED:
                 raise PolicyError(next(iter(proposal.changes)), proposal.reason)
             return dataclasses.replace(proposal)
@@ -196,9 +222,10 @@ class Autopilot:
         for p in self._proposals:
             if p.id == proposal_id:
                 if p.status != Outcome.PROPOSED:
-                    raise AutopilotError("proposal", f"{proposal_id} is {p.status}, not open")
+                    raise ProposalNotOpen("proposal", f"{proposal_id} is {p.status}, not open")
                 return p
-        raise AutopilotError("proposal", f"no proposal {proposal_id}")
+        raise NoProposal("proposal", f"no proposal {proposal_id} (the newest {MAX_KEPT} are "
+                                     "kept)")
 
     # ----------------------------------------------------------------- what the API shows
     def proposals(self) -> list[Proposal]:

@@ -181,6 +181,7 @@ class _RecordCollector(Collector):
         yield from self._refresh(record)
         yield from self._tiers(record)
         yield from self._distributed(record)
+        yield from self._autopilot(record)
 
     @staticmethod
     def _refresh(record: StepRecord) -> Iterator[Metric]:
@@ -233,6 +234,26 @@ class _RecordCollector(Collector):
         moved.add_metric(["sent"], f.bytes_sent)
         moved.add_metric(["received"], f.bytes_received)
         yield moved
+
+
+    @staticmethod
+    def _autopilot(record: StepRecord) -> Iterator[Metric]:
+        f = record.autopilot
+        if f is None:
+            return
+        decisions = CounterMetricFamily(
+            "asteria_autopilot_decisions", "The autopilot's decisions by policy field and "
+            "outcome (proposed, applied, accepted, dismissed, rejected).",
+            labels=["field", "outcome"])
+        for name, by_outcome in f.decisions.items():
+            for outcome, n in by_outcome.items():
+                decisions.add_metric([name, outcome], n)
+        mode = GaugeMetricFamily("asteria_autopilot_mode", "1 for the autopilot's mode "
+                                 "(off, propose, apply).", labels=["mode"])
+        mode.add_metric([f.mode], 1)
+        yield from (decisions, mode)
+        yield GaugeMetricFamily("asteria_autopilot_open_proposals", "Autopilot proposals "
+                                "waiting for the operator.", value=f.open_proposals)
 
 
 class MetricsExporter:

@@ -50,4 +50,4 @@ def _public(change: PolicyChange) -> PolicyChangePublic:
     return PolicyChangePublic(
         version=change.version, effective_step=change.effective_step,
         diff={k: list(v) for k, v in change.diff.items()}, client=change.client,
-        requested_at=change.requested_at, applied_at=change.applied_at)
+        requested_at=change.requested_at, applied_at=change.applied_at, reason=change.reason)

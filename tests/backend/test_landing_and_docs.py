@@ -45,4 +45,5 @@ def test_the_routes_that_need_the_token_declare_the_bearer_scheme(server):
             if r.status_code == 401:
                 refused.add((method, path))
     assert declared == refused  # exactly the routes that refuse a request without the token
-    assert len(declared) == 6  # POST /runs, the four commands, PATCH the policy
+    # POST /runs, the four commands, PATCH the policy, the autopilot's settings, accept, dismiss
+    assert len(declared) == 9

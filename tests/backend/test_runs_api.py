@@ -74,10 +74,10 @@ def test_bad_run_config_is_rejected_naming_the_key(client):
 def test_every_mutating_route_needs_the_token(server, client):
     run_id = _start(client)
     paths = client.get("/openapi.json").json()["paths"]
-    mutating = [(method, path.replace("{run_id}", run_id))
+    mutating = [(method, path.replace("{run_id}", run_id).replace("{proposal_id}", "1"))
                 for path, ops in paths.items() for method in ops
                 if method in ("post", "patch", "put", "delete")]
-    assert len(mutating) == 6
+    assert len(mutating) == 9  # runs: 5, policy: 1, autopilot: settings, accept, dismiss
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
         with httpx.Client(base_url=server.url, headers=headers) as anon:
             for method, path in mutating:

@@ -195,9 +195,9 @@ def test_same_window_same_decision():
     ({"mode": "auto"}, "mode"),
     ({"objective": "speed"}, "objective"),
     ({"bounds": {"lr": (1, 2)}}, "bounds.lr"),
-    ({"bounds": {"workers": (3, 1)}}, "bounds.workers"),
-    ({"bounds": {"workers": (0, 10**9)}}, "bounds.workers"),
-    ({"bounds": {"offload_mode": ["tape"]}}, "bounds.offload_mode"),
+    ({"bounds": {"workers": (2, 1)}}, "bounds.workers"),
+    ({"bounds": {"workers": (0, 10**9)}}, "bounds.workers.1"),
+    ({"bounds": {"offload_mode": ["host", "tape"]}}, "bounds.offload_mode.1"),
     ({"window": 0}, "window"),
     ({"guard_tolerance": float("nan")}, "guard_tolerance"),
 ])
