@@ -189,6 +189,10 @@ class Client:
         """Every rank of a data-parallel run, read now by the control plane (RanksPublic)."""
         return self._json("GET", f"/runs/{run_id}/ranks", f"ranks of {run_id}")
 
+    def autopilot(self, run_id: str) -> dict[str, Any]:
+        """The active run's autopilot: config, proposals (newest last), decision counts."""
+        return self._json("GET", f"/runs/{run_id}/autopilot", f"autopilot of {run_id}")
+
     def openapi(self) -> dict[str, Any]:
         """The control plane's OpenAPI document (the policy form is built from it)."""
         return self._json("GET", "/openapi.json", "API description")
@@ -203,6 +207,18 @@ class Client:
         if command not in tuple(RunCommand):
             raise ValueError(f"command: got {command!r}; allowed: {' | '.join(RunCommand)}")
         return self._json("POST", f"/runs/{run_id}/{command}", f"{command} {run_id}", auth=True)
+
+    def set_autopilot(self, run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """PATCH the autopilot's settings (mode off: the kill switch); raises Invalid."""
+        return self._json("PATCH", f"/runs/{run_id}/autopilot", "change the autopilot",
+                          auth=True, json=changes)
+
+    def answer_proposal(self, run_id: str, proposal_id: int, answer: str) -> dict[str, Any]:
+        """Accept or dismiss one of the autopilot's open proposals."""
+        if answer not in ("accept", "dismiss"):
+            raise ValueError(f"answer: got {answer!r}; allowed: accept | dismiss")
+        return self._json("POST", f"/runs/{run_id}/autopilot/proposals/{int(proposal_id)}/"
+                          f"{answer}", f"{answer} proposal {proposal_id}", auth=True)
 
     def set_policy(self, run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
         """PATCH the policy; answers {version, effective_step, diff} or raises Invalid."""

@@ -282,10 +282,10 @@ def _send(run_id: str, changes: dict[str, Any]) -> None:
         return
     st.session_state["policy_answer"] = ("ok", run_id, answer)
     state.forget_reads()
-    _rerun_form()
+    rerun_here()
 
 
-def _rerun_form() -> None:
+def rerun_here() -> None:
     """Redraw the form at the new version: its fragment alone when this run is that fragment's
     (a browser's submit; the charts follow on their timer), else the whole page (a submit that
     came with a full rerun, which Streamlit may merge it into, or AppTest's)."""

@@ -183,6 +183,11 @@ def ranks(base: str, run_id: str) -> dict[str, Any]:
     return Client(base).ranks(run_id)
 
 
+@st.cache_data(ttl=TTL, max_entries=16, show_spinner=False)
+def autopilot(base: str, run_id: str) -> dict[str, Any]:
+    return Client(base).autopilot(run_id)
+
+
 @st.cache_data(ttl=SCHEMA_TTL, max_entries=16, show_spinner=False)
 def openapi(base: str) -> dict[str, Any]:
     return Client(base).openapi()
@@ -195,7 +200,7 @@ def steps_page(base: str, run_id: str, since: int, limit: int) -> dict[str, Any]
 
 def forget_reads() -> None:
     """After a write: the next reads go to the server."""
-    for fn in (runs, run, policy, history):
+    for fn in (runs, run, policy, history, autopilot):
         fn.clear()
 
 

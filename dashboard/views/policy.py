@@ -7,7 +7,7 @@ from datetime import datetime
 import pandas as pd
 import streamlit as st
 
-from dashboard import components, state
+from dashboard import autopilot, components, state
 
 
 def _when(t: float | None) -> str:
@@ -21,6 +21,13 @@ def main() -> None:
         return
     base, run = picked
     current(base, run)
+    st.subheader("Autopilot")
+    autopilot_section(run)
+
+
+@st.fragment
+def autopilot_section(run: dict) -> None:
+    autopilot.panel(run)
 
 
 @st.fragment
@@ -44,7 +51,8 @@ def current(base: str, run: dict) -> None:
         return
     rows = [{"version": c["version"], "from step": c["effective_step"],
              "change": ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in c["diff"].items()),
-             "client": c["client"], "requested": _when(c["requested_at"]),
+             "client": c["client"], "reason": c.get("reason", ""),
+             "requested": _when(c["requested_at"]),
              "applied": _when(c["applied_at"])} for c in reversed(history)]
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="policy_history")
 
