@@ -208,6 +208,9 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
 def summary(c: Contender, warmup_turns: int = WARMUP_TURNS) -> dict[str, Any]:
     """Step-time figures over the steps after the warm-up turns (first-time costs), the run's
     idle by cause, the final validation loss, and every raw step time and training loss."""
+    changes = [{"version": ch.version, "effective_step": ch.effective_step,
+                "diff": {k: list(v) for k, v in ch.diff.items()}, "client": ch.client,
+                "reason": ch.reason} for ch in c.trainer.runtime.policy.history()]
     with main_thread_cpus():
         c.enter()
         val_loss = c.trainer.evaluate()
@@ -241,26 +244,37 @@ def summary(c: Contender, warmup_turns: int = WARMUP_TURNS) -> dict[str, Any]:
         "step_ms": [1e3 * r.step_seconds for r in records],
         "loss": [r.loss for r in records],
         "warmup_steps": max(warmup, 0),
+        "policy_changes": changes,
     }
 
 
 def round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
-                model_args: list[str], failures: list[str] | None = None
-                ) -> list[dict[str, Any]]:
+                model_args: list[str], failures: list[str] | None = None, *,
+                prepare: Callable[[Contender], None] | None = None,
+                on_turn: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Every configuration's summary; a peer that raises is dropped and its error appended to
-    `failures` (ours raise). The calling thread's CPUs are as before afterwards."""
+    `failures` (ours raise). `prepare(contender)` runs once each is built (the autopilot suite
+    turns one's autopilot on), `on_turn(k)` before turn k of every configuration (a
+    disturbance that arrives mid-run). The calling thread's CPUs are as before afterwards."""
     with main_thread_cpus():
-        return _round_robin(configs, steps, out_dir, opts, model_args, failures)
+        return _round_robin(configs, steps, out_dir, opts, model_args, failures, prepare,
+                            on_turn)
 
 
 def _round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
-                 model_args: list[str], failures: list[str] | None) -> list[dict[str, Any]]:
+                 model_args: list[str], failures: list[str] | None,
+                 prepare: Callable[[Contender], None] | None = None,
+                 on_turn: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     contenders = [build(cfg, steps, out_dir / f"config{i}", model_args)
                   for i, cfg in enumerate(configs)]
+    for c in contenders if prepare is not None else ():
+        prepare(c)
     turns = -(-steps // INTERVAL)
     bars = {id(c): progress(steps, c.config.label[:40], opts) for c in contenders}
     try:
         for k in range(turns):
+            if on_turn is not None:
+                on_turn(k)
             for c in list(contenders):
                 n = min(INTERVAL, steps - k * INTERVAL)
                 try:

@@ -7,7 +7,7 @@ import importlib
 from types import ModuleType
 
 SUITES = ("optimizers", "critical-path", "staleness", "runtime", "tiers", "serving",
-          "distributed", "network", "straggler", "scale",
+          "distributed", "network", "straggler", "autopilot", "scale",
           "scale-memory")
 
 
