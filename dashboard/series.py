@@ -167,8 +167,11 @@ def markers(history: list[dict[str, Any]], df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for change in sorted(history, key=lambda c: c["version"]):
         diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in change["diff"].items())
+        text = diff or "(no field changed)"
+        if change.get("client") == "autopilot":  # its decisions say why, on every marker
+            text += f" (autopilot: {change.get('reason') or 'no reason given'})"
         rows.append({"step": change["effective_step"], "version": change["version"],
-                     "label": f"v{change['version']}", "text": diff or "(no field changed)",
+                     "label": f"v{change['version']}", "text": text,
                      "applied_at": change.get("applied_at")})
     out = pd.DataFrame(rows, columns=["step", "version", "label", "text", "applied_at"])
     if out.empty or df.empty:

@@ -158,6 +158,19 @@ def _report(result: SuiteResult, sc: dict[str, Any], opts: BenchOptions) -> None
                      f"autopilot scenario {key}: {{value[0]:.2f}}x the best static policy's "
                      "time ({value[3]}), {value[1]:.2f}x faster than the default, final loss "
                      "{value[2]:+.4f} against the best static")
+    changes = pilot.get("policy_changes", [])
+    result.findings.append(
+        f"Scenario {key}: the autopilot made {len(changes)} change(s)" + (": " + "; ".join(
+            f"v{c['version']} from step {c['effective_step']}: {c['reason']}" for c in changes)
+            if changes else " (nothing it reads was amiss)."))
+    if pilot["to_target_s"] and best["to_target_s"]:
+        ratio = pilot["to_target_s"] / best["to_target_s"]
+        gap = pilot["final_turn_loss"] - best["final_turn_loss"]
+        verdict = "meets" if ratio <= 1.05 and gap <= 0.02 else "misses"
+        result.findings.append(
+            f"Scenario {key}: the autopilot {verdict} the goal: {ratio:.2f}x the best static "
+            f"policy's time ({best['label']}; goal 1.05x), final loss {gap:+.4f} against it "
+            "(goal within 0.02).")
     xs = list(range(1, len(pilot["loss"]) + 1))
     result.plots.append(xy_plot(
         [(r["label"], xs, [x if x is not None else float("nan") for x in r["loss"]])

@@ -82,6 +82,11 @@ class AutopilotConfig:
     bounds: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
     """Per policy field it may move: [low, high] for a number, a list for a choice. A field
     not named here is never moved."""
+    freshen: bool = False
+    """Spend spare refresh capacity on fresher bases: an earlier swap (d below S) and a shorter
+    refresh interval. Off by default: in `asteria bench autopilot` on a CPU both cost more
+    wall-clock than their fresher bases gave back (an early swap waits for a refresh's latency,
+    which the records do not show; a shorter interval adds swap work to the training thread)."""
     window: int = 30
     """Records under the policy in force (after `settle` steps) that a decision reads."""
     settle: int = 10
@@ -115,6 +120,8 @@ class AutopilotConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise AutopilotError(name, f"got {value!r}; allowed: an integer in [{lo}, {hi}]")
+        if not isinstance(self.freshen, bool):
+            raise AutopilotError("freshen", f"got {self.freshen!r}; allowed: true | false")
         tol = self.guard_tolerance
         if not isinstance(tol, int | float) or isinstance(tol, bool) or not 0 <= tol <= 10:
             raise AutopilotError("guard_tolerance", f"got {tol!r}; allowed: a number in [0, 10]")
@@ -127,7 +134,7 @@ class AutopilotConfig:
         return max(bound[0], min(bound[1], value))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "objective": self.objective,
+        return {"mode": self.mode, "objective": self.objective, "freshen": self.freshen,
                 "bounds": {k: list(v) for k, v in self.bounds.items()},
                 "window": self.window, "settle": self.settle, "spacing": self.spacing,
                 "hold": self.hold, "guard_steps": self.guard_steps,

@@ -11,11 +11,11 @@ In order, the first rule that has something to do wins:
    delay back up to S, then more workers, then a longer interval, then a larger S (before a
    second longer interval when steps still wait at the bound);
 3. the step waits for a slower tier -> a larger budget on the faster one, or disk -> host;
-4. with room to spare (duty under half): an earlier swap (d below S: fresher bases, no
-   extra work);
+4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`):
+   an earlier swap (d below S: no extra work, but a refresh's latency must fit d);
 5. with much room (duty under 0.3, 0.5 for the energy objective): one worker fewer, if the rest
    stay under 0.8;
-6. time objective, much room: a shorter refresh interval (fresher bases) while the duty it
+6. time objective with `freshen`, much room: a shorter refresh interval while the duty it
    predicts stays under 0.8.
 Hysteresis: a change aims at a duty of 0.8, and the rules that add work only act below 0.5 or
 0.3, the rules that remove it above 1.05, so a change does not call for its own undoing; nor
@@ -189,7 +189,8 @@ def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
 
 def _early_swap(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                 held: Held) -> dict[str, Any] | None:
-    if s.duty is None or s.duty >= EARLY_SWAP_DUTY or s.refresh_wait > BEHIND_WAIT / 4:
+    if not config.freshen or s.duty is None or s.duty >= EARLY_SWAP_DUTY \
+            or s.refresh_wait > BEHIND_WAIT / 4:
         return None
     delay = _delay(policy)
     # A model, not a measurement: a round's work is due within min(d, interval) steps, so d
@@ -213,8 +214,8 @@ def _fewer_workers(s: Signals, policy: Mapping[str, Any], config: AutopilotConfi
 
 def _shorter_interval(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                       held: Held) -> dict[str, Any] | None:
-    if config.objective != Objective.TIME or s.duty is None or s.duty >= SPARE_DUTY[
-            Objective.TIME] or s.refresh_wait > BEHIND_WAIT / 4:
+    if not config.freshen or config.objective != Objective.TIME or s.duty is None \
+            or s.duty >= SPARE_DUTY[Objective.TIME] or s.refresh_wait > BEHIND_WAIT / 4:
         return None
     interval = policy["refresh_interval"]
     shorter = max(1, math.ceil(interval * s.duty / TARGET_DUTY))

@@ -33,6 +33,9 @@ class AutopilotUpdate(BaseModel):
         None, description="off (the kill switch: at once, open proposals withdrawn) | propose "
                           "(the operator accepts or dismisses each decision) | apply.")
     objective: Literal["time", "energy"] | None = None
+    freshen: bool | None = Field(None, description="Spend spare refresh capacity on fresher "
+                                                   "bases (an earlier swap, a shorter interval).",
+                                 strict=True)
     bounds: dict[Literal[ACTIONS], Bound] | None = Field(  # type: ignore[valid-type]
         None, description="Per policy field: [low, high] for a number, the allowed values for "
                           "a choice. A field not named is never moved. Replaces the bounds "

@@ -80,13 +80,16 @@ def test_markers_and_bound_follow_the_audit():
     buf.extend([record(s) for s in range(1, 101)])
     df = series.frame(buf)
     history = [{"version": 3, "effective_step": 60, "diff": {"staleness_bound": [4, 2]},
-                "applied_at": 1000.6},
+                "applied_at": 1000.6, "client": "autopilot",
+                "reason": "refresh duty 0.20 over 30 steps: staleness_bound 4 -> 2"},
                {"version": 2, "effective_step": 20, "diff": {"staleness_bound": [10, 4],
                                                             "workers": [1, 2]},
                 "applied_at": 1000.2}]
     marks = series.markers(history, df)
     assert list(marks["label"]) == ["v2", "v3"] and list(marks["step"]) == [20, 60]
     assert marks["text"].iloc[0] == "staleness_bound 10 -> 4, workers 1 -> 2"
+    assert marks["text"].iloc[1] == "staleness_bound 4 -> 2 (autopilot: refresh duty 0.20 " \
+        "over 30 steps: staleness_bound 4 -> 2)"  # the autopilot's marker says why
     assert marks["elapsed"].iloc[0] == pytest.approx(df.loc[df.step == 20, "elapsed"].item())
     bound = series.bound_by_step(history, 2, df["step"])
     assert (bound[df.step < 20] == 10).all() and (bound[(df.step >= 20) & (df.step < 60)] == 4

@@ -5,6 +5,7 @@ run replays: tests/asteria_core/autopilot/test_replay.py feeds one."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -16,6 +17,9 @@ CONFIG = AutopilotConfig(mode="apply", window=20, settle=5, spacing=30, hold=100
                          guard_steps=20, bounds={"refresh_interval": (5, 100),
                                                  "staleness_bound": (1, 20),
                                                  "swap_delay": (1, 20), "workers": (1, 2)})
+
+
+FRESHEN = dataclasses.replace(CONFIG, freshen=True)
 
 
 def record(step: int, *, duty: float | None = 0.6, refresh_wait: float = 0.0,
@@ -100,9 +104,11 @@ def test_transfer_waits_raise_a_budget_the_operator_bounded():
 
 
 def test_spare_room_swaps_earlier_then_drops_a_worker():
-    d = decide(run(range(1, 41), duty=0.2), policy(workers=2), [], CONFIG)
+    assert decide(run(range(1, 41), duty=0.2), policy(workers=2), [], CONFIG).changes == \
+        {"workers": 1}  # fresher bases only when asked for
+    d = decide(run(range(1, 41), duty=0.2), policy(workers=2), [], FRESHEN)
     assert d.changes == {"swap_delay": 3}  # ceil(10 x 0.2 / 0.8): fresher bases first
-    d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_delay=1), [], CONFIG)
+    d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_delay=1), [], FRESHEN)
     assert d.changes == {"workers": 1}  # 0.2 x 2 / 1 = 0.4 stays under 0.8
 
 
@@ -199,6 +205,7 @@ def test_same_window_same_decision():
     ({"bounds": {"workers": (0, 10**9)}}, "bounds.workers.1"),
     ({"bounds": {"offload_mode": ["host", "tape"]}}, "bounds.offload_mode.1"),
     ({"window": 0}, "window"),
+    ({"freshen": 1}, "freshen"),
     ({"guard_tolerance": float("nan")}, "guard_tolerance"),
 ])
 def test_bad_settings_name_the_field(bad, field):
