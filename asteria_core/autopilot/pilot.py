@@ -34,6 +34,10 @@ MAX_KEPT = 200
 """Proposals and decisions kept for the API (the audit keeps every applied change)."""
 
 
+class _Moved(Exception):
+    """The policy moved between a decision and its proposal (nothing is queued)."""
+
+
 class NoProposal(AutopilotError):
     pass
 
@@ -167,8 +171,13 @@ class Autopilot:
         try:
             with self.live.proposing(proposal.changes, client=AUTOPILOT,
                                      reason=proposal.reason) as change:
+                if change.version != self.live.version + 1:
+                    raise _Moved  # an operator's change came in since the decision: it wins
                 if within is not None:
                     within(change)
+        except _Moved:
+            proposal.status = Outcome.SUPERSEDED
+            return
         except PolicyError as err:
             proposal.status = Outcome.REJECTED
             proposal.reason += f" (refused: {err})"
@@ -203,6 +212,9 @@ class Autopilot:
             self._apply(proposal, Outcome.ACCEPTED, within)
             if proposal.status == Outcome.REJECTED:
                 raise PolicyError(next(iter(proposal.changes)), proposal.reason)
+            if proposal.status == Outcome.SUPERSEDED:
+                raise ProposalNotOpen("proposal", f"{proposal_id}: a change queued since "
+                                                  "comes first; the next window decides again")
             return dataclasses.replace(proposal)
 
     def dismiss(self, proposal_id: int) -> Proposal:

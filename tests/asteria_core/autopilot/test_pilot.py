@@ -10,7 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from asteria_core.autopilot import AUTOPILOT, AutopilotConfig, AutopilotError, Outcome, decide
+from asteria_core.autopilot import (
+    AUTOPILOT,
+    AutopilotConfig,
+    AutopilotError,
+    Outcome,
+    ProposalNotOpen,
+    decide,
+)
 from asteria_core.optim import SOAP
 from asteria_core.policy import Policy
 from asteria_core.runtime import Runtime, RuntimeConfig
@@ -129,3 +136,17 @@ def test_off_is_a_kill_switch(tmp_path):
         assert not any(p.status == Outcome.PROPOSED for p in pilot.proposals())
         assert loop.runtime.policy.history() == []
         assert loop.records[-1].autopilot.mode == "off"
+
+
+def test_an_operator_change_queued_first_wins_over_an_accept(tmp_path):
+    loop = Loop(tmp_path, "propose")
+    with loop.runtime:
+        loop.steps(30)
+        pilot = loop.runtime.autopilot
+        [proposal] = [p for p in pilot.proposals() if p.status == Outcome.PROPOSED]
+        loop.runtime.policy.propose({"staleness_bound": 3}, client="operator")  # queued
+        with pytest.raises(ProposalNotOpen, match="comes first"):
+            pilot.accept(proposal.id)
+        loop.steps(3)
+        [change] = loop.runtime.policy.history()  # the operator's alone
+        assert change.client == "operator" and change.diff == {"staleness_bound": (2, 3)}
