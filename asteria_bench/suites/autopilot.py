@@ -151,13 +151,12 @@ def _report(result: SuiteResult, sc: dict[str, Any], opts: BenchOptions) -> None
                   f"{r['idle_s'].get('refresh_wait', 0.0):.1f}", f"{r['p50_ms']:.0f}")
     key = sc["name"].split(":")[0]
     if pilot["to_target_s"] and best["to_target_s"] and default["to_target_s"]:
-        result.quote(f"autopilot_{key}", [pilot["to_target_s"] / best["to_target_s"],
-                                          default["to_target_s"] / pilot["to_target_s"],
-                                          pilot["final_turn_loss"] - best["final_turn_loss"],
-                                          best["label"]],
-                     f"autopilot scenario {key}: {{value[0]:.2f}}x the best static policy's "
-                     "time ({value[3]}), {value[1]:.2f}x faster than the default, final loss "
-                     "{value[2]:+.4f} against the best static")
+        speedup = default["to_target_s"] / pilot["to_target_s"]
+        gap = pilot["final_turn_loss"] - best["final_turn_loss"]
+        result.quote(f"autopilot_{key}", pilot["to_target_s"] / best["to_target_s"],
+                     f"autopilot scenario {key}: {{value:.2f}}x the best static policy's "
+                     f"time ({best['label']}), {speedup:.2f}x faster than the default, final "
+                     f"loss {gap:+.4f} against the best static")
     changes = pilot.get("policy_changes", [])
     result.findings.append(
         f"Scenario {key}: the autopilot made {len(changes)} change(s)" + (": " + "; ".join(
