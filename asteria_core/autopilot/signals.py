@@ -108,15 +108,6 @@ class LossShift:
     def regressed(self, tolerance: float) -> bool:
         return self.after - self.before > self.noise + tolerance
 
-    @property
-    def demand(self) -> float | None:
-        """The duty without the waits: a step that waits for a refresh stretches the interval
-        the duty is measured over (it reads about 1 however far behind the workers are), so
-        the work against the training time alone is duty / (1 - refresh_wait share)."""
-        if self.duty is None:
-            return None
-        return self.duty / max(1.0 - self.refresh_wait, 0.05)
-
     def describe(self) -> str:
         return (f"{self.source} loss {self.after:.4f} after against {self.before:.4f} before "
                 f"(noise {self.noise:.4f})")
