@@ -2,7 +2,7 @@
 in; at most one change out, with the reason that cites the figures behind it.
 
 No clock and no randomness: steps are the only time it knows, so a recorded run (its records and
-its policy history) replays into the same decisions (tests/autopilot/test_decide.py).
+its policy history) replays into the same decisions (tests/asteria_core/autopilot/test_pilot.py).
 
 In order, the first rule that has something to do wins:
 1. the quality guard: the loss after the autopilot's last change regressed beyond noise -> undo

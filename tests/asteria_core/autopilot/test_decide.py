@@ -1,7 +1,7 @@
 """The autopilot's decision function on record windows: no change when nothing is wrong, the
 rules in their order, hysteresis, bounds, the operator's hold, the spacing and the quality
 guard. Windows are step records in their JSON form (what a run's JSONL file holds), so a recorded
-run replays: tests/asteria_core/autopilot/test_replay.py feeds one."""
+run replays: tests/asteria_core/autopilot/test_pilot.py feeds one."""
 
 from __future__ import annotations
 
