@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
+from asteria_core.autopilot import AutopilotConfig
 from asteria_core.distributed import init_process_group, serve_rank_metrics
 from asteria_core.optim.seam import refresh_fn
 from asteria_core.tiers.lifecycle import leaves
@@ -86,6 +87,8 @@ def main() -> None:
     cli.add_argument("--update-dtype", default="exact", help="the sharded mode's: exact | bf16")
     cli.add_argument("--die-at-step", type=int, default=0,
                      help="rank 1 kills itself (SIGKILL) at this step, in the first attempt")
+    cli.add_argument("--autopilot", action="store_true",
+                     help="the autopilot applies its changes (rank 0 decides)")
     args = cli.parse_args()
     torch.set_num_threads(1)
     # float64 throughout: DDP's averaged gradient and the single process's differ by rounding,
@@ -117,7 +120,10 @@ def main() -> None:
         telemetry=asteria.TelemetryConfig(nvml=False, rapl=False), run_id=f"ddp-rank{rank}",
         distributed=False if args.every_rank_refreshes else None,
         distributed_state=args.state, update_dtype=args.update_dtype,
-        rebalance_rounds=args.rebalance_rounds))
+        rebalance_rounds=args.rebalance_rounds,
+        autopilot=AutopilotConfig(mode="apply", window=5, settle=1, spacing=6, guard_steps=5,
+                                  bounds={"refresh_interval": (3, 24)})
+        if args.autopilot else None))
     records = []
     runtime.add_listener(records.append)
     metrics_port = None
@@ -138,7 +144,7 @@ def main() -> None:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "runtime": runtime.state_dict()}, ckpt.with_suffix(".tmp"))
             os.replace(ckpt.with_suffix(".tmp"), ckpt)
-        if step == 5 and world > 1:  # the same swap schedule: d stays 2
+        if step == 5 and world > 1 and not args.autopilot:  # the same swaps: d stays 2
             try:
                 change = runtime.policy.propose({"staleness_bound": 3}).effective_step
             except asteria.PolicyError as err:  # on the ranks other than 0
@@ -174,6 +180,9 @@ def main() -> None:
         dataclasses.asdict(records[-1].distributed),
         "policy_change_effective_step": change, "policy_change_refused": refused,
         "history": [[c.version, c.effective_step] for c in runtime.policy.history()],
+        "changes": [[c.version, c.effective_step, c.client, c.reason, {k: list(v) for k, v in
+                                                                       c.diff.items()}]
+                    for c in runtime.policy.history()],
         "factor_bytes": factor_bytes, "refreshes": engine.refreshes,
         "unchanged": engine.unchanged,
         "refresh_seconds": engine.work_seconds,

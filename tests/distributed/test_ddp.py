@@ -131,6 +131,24 @@ def test_a_slow_owner_makes_only_the_others_wait_and_never_past_the_bound(tmp_pa
     assert sum(s["sync_wait"] for s in slow["steps"]) < 0.1 * own
 
 
+def test_rank_0_decides_and_every_rank_applies_the_autopilot_change_at_one_step(tmp_path):
+    """Rank 0's refreshes are slow (its own steps wait for them): its autopilot lengthens the
+    refresh interval; the policy sync carries each change, so both ranks apply it at the same
+    step with the same version and reason, and the replicas stay identical."""
+    torchrun(tmp_path, "--slow-rank", "0", "--slow-seconds", "0.2", "--autopilot",
+             "--steps", "40")
+    params, (zero, one) = ranks(tmp_path, 2)
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+    assert zero["changes"], "rank 0's autopilot changed nothing although it waited"
+    assert zero["changes"] == one["changes"]
+    for _version, _step, client, reason, diff in zero["changes"]:
+        assert client == "autopilot" and "refresh_wait" in reason
+        assert set(diff) == {"refresh_interval"} and diff["refresh_interval"][1] > \
+            diff["refresh_interval"][0]
+    assert [s["policy_version"] for s in zero["steps"]] == \
+        [s["policy_version"] for s in one["steps"]]
+
+
 def test_owners_balance_refresh_cost_over_nodes_then_ranks():
     sizes = [128, 128, 96, 96, 64, 64, 64, 64, 32, 32, 16]
     blocks = [BlockInfo(BlockKey(i, 0, 0), b, float(b) ** 3) for i, b in enumerate(sizes)]
