@@ -86,7 +86,6 @@ MATCH_QUICK = Size(2, 128, 4, 32, 2, 64, 5)
 MATCH_DELAY = ["--policy.swap_delay", "2", "--policy.refresh_interval", "2"]
 """A round every 2 steps, swapped 2 later: the first bases are swapped at once, the rounds of
 steps 3 and 5 wait in the disk tier's files (the match covers staged results)."""
-"""The first round's results, staged to disk in the tiered run, are swapped in at step 3."""
 
 
 def match_threads() -> int:

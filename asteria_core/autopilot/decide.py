@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from asteria_core.autopilot.config import AutopilotConfig, Objective
@@ -56,11 +56,15 @@ class Decision:
     step: int
     """The newest record's step when it was decided."""
     undo: bool = False
-    figures: dict[str, Any] = field(default_factory=dict)
 
 
 def _after(change: Mapping[str, Any]) -> int:
     return int(change["effective_step"])
+
+
+def _tuning(change: Mapping[str, Any]) -> bool:
+    """The autopilot's own change, not an undo of one (an operator's is neither)."""
+    return change["client"] == AUTOPILOT and not str(change.get("reason", "")).startswith(UNDO)
 
 
 def window_size(policy: Mapping[str, Any], config: AutopilotConfig) -> int:
@@ -87,10 +91,10 @@ def held_fields(history: Sequence[Mapping[str, Any]], now: int, config: Autopilo
     for change in history:
         if _after(change) + config.hold <= now:
             continue
-        if change["client"] != AUTOPILOT or str(change.get("reason", "")).startswith(UNDO):
-            held.update(change["diff"])
-        else:
+        if _tuning(change):
             moves.update({k: tuple(v) for k, v in change["diff"].items()})
+        else:
+            held.update(change["diff"])
     return Held(held, moves)
 
 
@@ -102,7 +106,7 @@ def _guard(records: Sequence[Record], history: Sequence[Mapping[str, Any]], now:
     if not history:
         return None
     change = history[-1]
-    if change["client"] != AUTOPILOT or str(change.get("reason", "")).startswith(UNDO):
+    if not _tuning(change):
         return None  # the newest change is an operator's or an undo: nothing to judge
     start, g = _after(change), config.guard_steps
     if now < start + g - 1:
@@ -118,8 +122,7 @@ def _guard(records: Sequence[Record], history: Sequence[Mapping[str, Any]], now:
     moves = ", ".join(f"{n} {new} -> {old}" for n, (old, new) in change["diff"].items())
     return Decision(restore, f"{UNDO}: {shift.describe()}, beyond tolerance "
                              f"{config.guard_tolerance:g} after v{change['version']}: {moves}",
-                    now, undo=True, figures={"before": shift.before, "after": shift.after,
-                                             "noise": shift.noise, "source": shift.source})
+                    now, undo=True)
 
 
 def _move(policy: Mapping[str, Any], name: str, value: Any, config: AutopilotConfig,
@@ -252,6 +255,5 @@ def decide(records: Sequence[Record], policy: Mapping[str, Any],
     for rule in RULES:
         if changes := rule(signals, policy, config, held):
             moves = ", ".join(f"{k} {policy[k]} -> {v}" for k, v in changes.items())
-            return Decision(changes, f"{signals.describe()}: {moves}", now,
-                            figures={k: v for k, v in vars(signals).items() if v is not None})
+            return Decision(changes, f"{signals.describe()}: {moves}", now)
     return None

@@ -29,12 +29,6 @@ class Signals:
     """Share waited for another rank (data-parallel runs)."""
     at_bound: float
     """Share of steps whose staleness reached the bound S."""
-    queue_depth: float | None
-    """Median refreshes queued or running."""
-    step_seconds: float
-    """Median step time."""
-    joules_per_token: float | None
-    """Energy over the window per token (measured meters first, else the model's estimate)."""
 
     @property
     def demand(self) -> float | None:
@@ -61,37 +55,20 @@ def _idle(record: Record, cause: str) -> float:
     return float((timing.get("idle_seconds") or {}).get(cause, 0.0))
 
 
-def _joules(record: Record) -> float | None:
-    energy = record.get("energy") or {}
-    joules = energy.get("joules") or {}
-    for source in ("nvml", "rapl", "model"):  # measured before estimated
-        if source in joules:
-            return float(joules[source])
-    return None
-
-
 def read(records: Sequence[Record]) -> Signals:
     """The figures of `records` (at least one)."""
     wall = sum(float(r["step_seconds"]) for r in records) or math.inf
     refresh = [r["refresh"] for r in records if r.get("refresh")]
     duties = [f["background_load"] for f in refresh if f.get("background_load") is not None]
-    queues = [f["queue_depth"] for f in refresh]
     at_bound = sum(1 for f in refresh if f["staleness_bound"] > 0
                    and f["staleness_max"] >= f["staleness_bound"])
-    first, last = _joules(records[0]), _joules(records[-1])
-    tokens = sum(int(r.get("tokens") or 0) for r in records[1:])
-    per_token = (last - first) / tokens if first is not None and last is not None and tokens \
-        else None
     return Signals(
         steps=len(records),
         duty=statistics.median(duties) if duties else None,
         refresh_wait=sum(_idle(r, "refresh_wait") for r in records) / wall,
         transfer_wait=sum(_idle(r, "transfer_wait") for r in records) / wall,
         sync_wait=sum(_idle(r, "sync_wait") for r in records) / wall,
-        at_bound=at_bound / len(refresh) if refresh else 0.0,
-        queue_depth=statistics.median(queues) if queues else None,
-        step_seconds=statistics.median(float(r["step_seconds"]) for r in records),
-        joules_per_token=per_token)
+        at_bound=at_bound / len(refresh) if refresh else 0.0)
 
 
 @dataclass(frozen=True)

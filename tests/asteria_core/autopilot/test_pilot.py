@@ -28,6 +28,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BOUNDS = {"refresh_interval": (2, 64), "workers": (1, 1)}  # one worker on any machine
 
 
+def open_(pilot) -> list:
+    """The autopilot's open proposals."""
+    return [p for p in pilot.proposals() if p.status == Outcome.PROPOSED]
+
+
 def autopilot(mode: str) -> AutopilotConfig:
     return AutopilotConfig(mode=mode, bounds=BOUNDS, window=8, settle=2, spacing=12,
                            guard_steps=8, hold=40)
@@ -103,7 +108,7 @@ def test_propose_mode_waits_for_the_operator(tmp_path):
     with loop.runtime:
         loop.steps(30)
         pilot = loop.runtime.autopilot
-        [proposal] = [p for p in pilot.proposals() if p.status == Outcome.PROPOSED]
+        [proposal] = open_(pilot)
         assert loop.runtime.policy.history() == []  # nothing applied on its own
         assert loop.records[-1].autopilot.open_proposals == 1
         accepted = pilot.accept(proposal.id)
@@ -115,10 +120,10 @@ def test_propose_mode_waits_for_the_operator(tmp_path):
         assert change.client == AUTOPILOT and change.reason == proposal.reason
         # still behind (a refresh outlasts the S = 2 steps it may lag): the next proposal;
         # dismissed, its field is held and nothing else is proposed in its place
-        [second] = [p for p in pilot.proposals() if p.status == Outcome.PROPOSED]
+        [second] = open_(pilot)
         pilot.dismiss(second.id)
         loop.steps(20)
-        assert [p for p in pilot.proposals() if p.status == Outcome.PROPOSED] == []
+        assert open_(pilot) == []
         counts = loop.records[-1].autopilot.decisions
         assert counts[next(iter(proposal.changes))]["accepted"] == 1
         assert counts[next(iter(second.changes))]["dismissed"] == 1
@@ -129,11 +134,11 @@ def test_off_is_a_kill_switch(tmp_path):
     with loop.runtime:
         loop.steps(30)
         pilot = loop.runtime.autopilot
-        assert any(p.status == Outcome.PROPOSED for p in pilot.proposals())
+        assert open_(pilot)
         pilot.set_mode("off")
-        assert not any(p.status == Outcome.PROPOSED for p in pilot.proposals())
+        assert not open_(pilot)
         loop.steps(30)
-        assert not any(p.status == Outcome.PROPOSED for p in pilot.proposals())
+        assert not open_(pilot)
         assert loop.runtime.policy.history() == []
         assert loop.records[-1].autopilot.mode == "off"
 
@@ -143,7 +148,7 @@ def test_an_operator_change_queued_first_wins_over_an_accept(tmp_path):
     with loop.runtime:
         loop.steps(30)
         pilot = loop.runtime.autopilot
-        [proposal] = [p for p in pilot.proposals() if p.status == Outcome.PROPOSED]
+        [proposal] = open_(pilot)
         loop.runtime.policy.propose({"staleness_bound": 3}, client="operator")  # queued
         with pytest.raises(ProposalNotOpen, match="comes first"):
             pilot.accept(proposal.id)
