@@ -29,6 +29,10 @@ def joules_text(joules: float) -> str:
     return f"{joules:,.1f} J"
 
 
+LOSS_ABSENT = ("not reported by this run: the runtime reads the loss from the model's output "
+               "(a scalar, a tuple holding one, or .loss); a loop that computes it outside the "
+               "model logs it with opt.runtime.log(loss=...)")
+
 TILES_PER_ROW = 4
 """Seven tiles in rows of four: at 1400 px beside the sidebar a tile fits its value whole."""
 
@@ -39,7 +43,10 @@ def headline(df: pd.DataFrame, run: dict[str, Any]) -> None:
     seconds = tail["step_seconds"].sum()
     cols = st.columns(TILES_PER_ROW) + st.columns(TILES_PER_ROW)
     cols[0].metric("Step", f"{int(last['step'])}", help=f"of {run['total_steps']}")
-    cols[1].metric("Train loss", f"{last['loss']:.4f}")
+    if pd.notna(last["loss"]):
+        cols[1].metric("Train loss", f"{last['loss']:.4f}")
+    else:  # a loop whose model returns no loss, and that does not log one
+        cols[1].metric("Train loss", "-", help=LOSS_ABSENT)
     cols[2].metric("Eval loss", f"{evals.iloc[-1]:.4f}" if len(evals) else "-")
     cols[3].metric("Tokens/s", f"{tail['tokens'].sum() / seconds:,.0f}" if seconds else "-")
     cols[4].metric("Step time", f"{tail['step_seconds'].mean() * 1e3:.1f} ms")

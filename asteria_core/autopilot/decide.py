@@ -135,12 +135,12 @@ def _move(policy: Mapping[str, Any], name: str, value: Any, config: AutopilotCon
     if value is None or value == policy[name]:
         return None
     last = held.last_move.get(name)
-    if last is not None and _direction(last[0], last[1]) == -_direction(policy[name], value):
+    if last is not None and direction(last[0], last[1]) == -direction(policy[name], value):
         return None  # hysteresis: not back the way it came within `hold` steps
     return {name: value}
 
 
-def _direction(old: Any, new: Any) -> int:
+def direction(old: Any, new: Any) -> int:
     """+1 up, -1 down, 0 for what has no order (a choice, "auto")."""
     if isinstance(old, int) and isinstance(new, int):
         return (new > old) - (new < old)

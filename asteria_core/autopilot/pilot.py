@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asteria_core.autopilot.config import AutopilotConfig, AutopilotError, Mode
-from asteria_core.autopilot.decide import AUTOPILOT, Decision, decide, window_size
+from asteria_core.autopilot.decide import AUTOPILOT, Decision, decide, direction, window_size
 from asteria_core.policy import LivePolicy, PolicyChange, PolicyError
 from asteria_core.telemetry.records import AutopilotFigures, StepRecord
 
@@ -75,6 +75,15 @@ class Proposal:
 def _change_dict(change: PolicyChange) -> dict[str, Any]:
     return {"version": change.version, "effective_step": change.effective_step,
             "diff": change.diff, "client": change.client, "reason": change.reason}
+
+
+def _same_way(open_changes: dict[str, Any], changes: dict[str, Any],
+              policy: dict[str, Any]) -> bool:
+    """A new decision that moves the same fields the same way as the open proposal leaves it
+    open: an operator reading a proposal should not see it replaced because a figure moved."""
+    return open_changes.keys() == changes.keys() and all(
+        direction(policy[k], open_changes[k]) == direction(policy[k], v)
+        for k, v in changes.items())
 
 
 class Autopilot:
@@ -146,7 +155,8 @@ class Autopilot:
             return
         if self._config.mode == Mode.APPLY:
             self._apply(self._new_proposal(decision), Outcome.APPLIED)
-        elif not any(p.status == Outcome.PROPOSED and p.changes == decision.changes
+        elif not any(p.status == Outcome.PROPOSED and _same_way(p.changes, decision.changes,
+                                                                policy)
                      for p in self._proposals):
             self._new_proposal(decision)
             self._count(decision.changes, Outcome.PROPOSED)

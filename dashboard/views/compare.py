@@ -32,7 +32,8 @@ def one_run(base: str, run: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame,
     joules = float(b["joules"].dropna().iloc[-1]) if source else None
     kind = "measured" if source in series.MEASURED else "estimate"
     summary = {"run": name, "status": run["status"], "steps": int(last["step"]),
-               "last train loss": round(float(last["loss"]), 4),
+               "last train loss": round(float(last["loss"]), 4) if pd.notna(last["loss"])
+               else None,
                "last eval loss": round(float(evals.iloc[-1]), 4) if len(evals) else None,
                "wall-clock (s)": round(float(last["elapsed"]), 1),
                "energy (J)": round(joules, 1) if joules is not None else None,

@@ -1,5 +1,5 @@
 """A real control plane (uvicorn in a thread, as in tests/backend) with a finished tiny AdamW run
-and a live tiny SOAP run, shared by the tests of one module."""
+and a live tiny SOAP run, shared by the tests of one module; headless Chromium."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import streamlit as st
 
 from backend.settings import Settings
 from tests.backend.conftest import TOKEN, LiveServer, free_port
-from tests.dashboard.stack import tiny_run, wait_until
+from tests.components import missing
+from tests.dashboard.stack import chromium, tiny_run, wait_until
 
 
 def start_run(http: httpx.Client, steps: int, **kw) -> str:
@@ -21,6 +22,22 @@ def start_run(http: httpx.Client, steps: int, **kw) -> str:
 def wait_status(http: httpx.Client, run_id: str, *statuses: str) -> dict:
     return wait_until(lambda: (r := http.get(f"/runs/{run_id}").json())["status"] in statuses
                       and r, 120, what=f"run {run_id} {' or '.join(statuses)}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's package, driven by Playwright), one per test module."""
+    path, reason = chromium()
+    if path is None:
+        missing(reason)
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as err:
+        missing(f"playwright is not installed: {err}")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(path), headless=True)
+        yield b
+        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,10 @@ import httpx
 import pytest
 
 from tests.backend.conftest import TOKEN, free_port
-from tests.components import missing
 from tests.dashboard.stack import (
     ARTIFACTS,
     HANG_GUARD_MS,
     Dashboard,
-    chromium,
     sign_in,
     tiny_run,
     wait_until,
@@ -31,21 +29,6 @@ from tests.dashboard.stack import (
 # loss vs step and vs wall-clock, phases, idle, power, joules, joules/token, staleness max,
 # refresh queue depth, background load: the charts over steps or wall-clock
 LIVE_CHARTS = 10
-
-
-@pytest.fixture(scope="module")
-def browser():
-    path, reason = chromium()
-    if path is None:
-        missing(reason)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as err:
-        missing(f"playwright is not installed: {err}")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(path), headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from tests.dashboard.stack import (
     tiny_run,
     wait_until,
 )
-from tests.dashboard.test_browser import browser  # noqa: F401 (the shared Chromium fixture)
 
 SIGN_IN = "dashboard-sign-in-789"
 
@@ -71,7 +70,7 @@ def live_run(fresh_api):
 
 
 @pytest.mark.parametrize("own_sign_in", [False, True], ids=["api-token", "own-token"])
-def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_path,  # noqa: F811
+def test_the_browser_never_receives_the_token(browser, fresh_api, live_run, tmp_path,
                                               own_sign_in):
     from playwright.sync_api import expect
 

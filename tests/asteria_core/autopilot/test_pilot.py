@@ -109,6 +109,10 @@ def test_propose_mode_waits_for_the_operator(tmp_path):
         loop.steps(30)
         pilot = loop.runtime.autopilot
         [proposal] = open_(pilot)
+        # later windows read other figures, but the same move keeps its proposal open: the
+        # operator is not handed a new one under their hand
+        loop.steps(15)
+        assert [p.id for p in open_(pilot)] == [proposal.id]
         assert loop.runtime.policy.history() == []  # nothing applied on its own
         assert loop.records[-1].autopilot.open_proposals == 1
         accepted = pilot.accept(proposal.id)
@@ -149,6 +153,10 @@ def test_an_operator_change_queued_first_wins_over_an_accept(tmp_path):
         loop.steps(30)
         pilot = loop.runtime.autopilot
         [proposal] = open_(pilot)
+        # later windows read other figures, but the same move keeps its proposal open: the
+        # operator is not handed a new one under their hand
+        loop.steps(15)
+        assert [p.id for p in open_(pilot)] == [proposal.id]
         loop.runtime.policy.propose({"staleness_bound": 3}, client="operator")  # queued
         with pytest.raises(ProposalNotOpen, match="comes first"):
             pilot.accept(proposal.id)
