@@ -43,8 +43,9 @@ def make_pausable(runtime: Runtime) -> PausableRefresh | None:
     """Before the first step: replace the runtime's refresh engine with a pausable one."""
     if runtime.refresh is None:
         return None
-    cpus = runtime.refresh.worker_cpus
-    runtime.refresh.close()
+    old = runtime.refresh
+    old.close()
     runtime.refresh = PausableRefresh(runtime.optimizer, runtime.policy, runtime.reporter,
-                                      worker_cpus=cpus)
+                                      fn=old.refresh_fn, skip_below=old.skip_below,
+                                      worker_cpus=old.worker_cpus)
     return runtime.refresh

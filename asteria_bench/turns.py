@@ -36,6 +36,8 @@ from asteria_bench.options import BenchOptions, progress
 from asteria_bench.pausable import make_pausable
 from asteria_bench.results import percentile
 from asteria_core.cli import resolve_config
+from asteria_core.optim.seam import refresh_fn as default_refresh_fn
+from asteria_core.runtime.config import RefreshFn
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.config import parse_cpu_list
 from asteria_core.train.trainer import Trainer
@@ -191,7 +193,8 @@ def peer_factory(name: str, args: list[str], model_args: list[str]) -> Optimizer
     return peers.factory_from_config(name, resolve_config(None, [*model_args, *args]))
 
 
-def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> Contender:
+def build(config: Config, steps: int, out_dir: Path, model_args: list[str],
+          refresh_fn: RefreshFn = default_refresh_fn) -> Contender:
     run = resolve_config(None, [*model_args, "--train.steps", str(steps), "--train.out_dir",
                                 str(out_dir), "--telemetry.model_cpu_watts", "15",
                                 *config.args])
@@ -199,7 +202,7 @@ def build(config: Config, steps: int, out_dir: Path, model_args: list[str]) -> C
     torch.set_num_threads(threads)
     factory = peer_factory(config.peer, config.args, model_args) if config.peer else None
     with main_thread_cpus():  # train.cpus pins the building thread: for the build only
-        trainer = Trainer(run, jsonl=False, optimizer_factory=factory)
+        trainer = Trainer(run, jsonl=False, optimizer_factory=factory, refresh_fn=refresh_fn)
         make_pausable(trainer.runtime)
     cpus = parse_cpu_list("train.cpus", run.train.cpus) if run.train.cpus else None
     return Contender(config, trainer, threads, cpus)
@@ -251,21 +254,25 @@ def summary(c: Contender, warmup_turns: int = WARMUP_TURNS) -> dict[str, Any]:
 def round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
                 model_args: list[str], failures: list[str] | None = None, *,
                 prepare: Callable[[Contender], None] | None = None,
-                on_turn: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+                on_turn: Callable[[int], None] | None = None,
+                refresh_fn: RefreshFn = default_refresh_fn) -> list[dict[str, Any]]:
     """Every configuration's summary; a peer that raises is dropped and its error appended to
     `failures` (ours raise). `prepare(contender)` runs once each is built (the autopilot suite
     turns one's autopilot on), `on_turn(k)` before turn k of every configuration (a
-    disturbance that arrives mid-run). The calling thread's CPUs are as before afterwards."""
+    disturbance that arrives mid-run); `refresh_fn`, every configuration's refresh math (an
+    emulated slower host, asteria_bench/slower_host.py). The calling thread's CPUs are as
+    before afterwards."""
     with main_thread_cpus():
         return _round_robin(configs, steps, out_dir, opts, model_args, failures, prepare,
-                            on_turn)
+                            on_turn, refresh_fn)
 
 
 def _round_robin(configs: list[Config], steps: int, out_dir: Path, opts: BenchOptions,
                  model_args: list[str], failures: list[str] | None,
                  prepare: Callable[[Contender], None] | None = None,
-                 on_turn: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    contenders = [build(cfg, steps, out_dir / f"config{i}", model_args)
+                 on_turn: Callable[[int], None] | None = None,
+                 refresh_fn: RefreshFn = default_refresh_fn) -> list[dict[str, Any]]:
+    contenders = [build(cfg, steps, out_dir / f"config{i}", model_args, refresh_fn)
                   for i, cfg in enumerate(configs)]
     for c in contenders if prepare is not None else ():
         prepare(c)

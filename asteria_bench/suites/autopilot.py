@@ -1,21 +1,27 @@
 """Autopilot: does the runtime's own tuning reach the best static policy's time to a loss?
 
-Each scenario starts every configuration from the default policy (interval 10, S = d = 10, one
-worker) except the static grid's, on the same model, seed and batches, in turns
+Each scenario trains its configurations on the same model, seed and batches, in turns
 (asteria_bench/turns.py), so the machine's drift and a scenario's disturbance fall on all alike:
 
-- (a) refresh-heavy: a small-batch model whose refresh round is as large against an interval
-  of training as this CPU allows (duty about 0.45 at the default interval: NOT above 1, which
-  the issue asks for; on a GPU the step shrinks and the host's refresh does not);
-- (b) a CPU hog on the workers' core arrives a third of the way in and leaves at two thirds.
+- (a) refresh-bound: refreshes emulated SLOWER["a"] x slower than measured
+  (asteria_bench/slower_host.py: on a GPU the step is many times shorter than this CPU's, the
+  host's refresh is not; no model on this 2-core CPU reaches a refresh duty above 1 as it is),
+  so at the default interval the one worker cannot keep up and steps wait;
+- (b) a CPU hog on the workers' core arrives a third of the way in and leaves at two thirds
+  (refreshes emulated SLOWER["b"] x slower: near capacity before the hog, behind during it);
+- (c) a tier budget too tight: SOAP state on disk past a device budget of one working set W and a
+  host budget of two staging buffers (as `asteria bench scale-memory` tiers it), steps waiting
+  for the reads; the operator lets the autopilot raise the budgets to 8W / 16W and bring the
+  state to the host.
+(d) two ranks with one slowed is not here: rank 0's autopilot reads only its own records.
 
-Configurations: the default static policy, the autopilot (mode apply, default bounds) from the
-default policy, and a small grid of static policies (interval x workers) searched offline, i.e.
-run beside them. Per scenario: the time to a target loss (the worst final turn loss among them,
-which every one reaches), the final loss, and the autopilot's decisions with their reasons.
-Goal (issue 28): autopilot within 1.05x of the best static policy's time, at least 1.25x faster
-than the default where the default is poor, final loss within 0.02 of the best static run.
-Not yet here: (c) a tier budget too tight, (d) two ranks with one slowed.
+Configurations: the scenario's starting policy kept static, the autopilot (mode apply) from it,
+and a small grid of static policies searched offline, i.e. run beside them. The target loss is
+the best final loss (mean training loss of the last turn) plus 0.02, the issue's quality
+tolerance: a configuration that trains faster but ends worse never reaches it. Per scenario:
+time to the target, final loss, the autopilot's decisions with their reasons. Goal (issue 28):
+the autopilot within 1.05x of the best static policy's time, at least 1.25x faster than the
+starting policy where that is poor, final loss within 0.02 of the best static run.
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asteria_bench.options import BenchOptions
 from asteria_bench.plots import xy_plot
 from asteria_bench.results import SuiteResult
+from asteria_bench.slower_host import SlowerHost
+from asteria_bench.suites.scale_memory import state_plan
 from asteria_bench.turns import (
     HOST_CPU,
     SOAP,
@@ -39,33 +49,71 @@ from asteria_bench.turns import (
     time_to_loss,
 )
 from asteria_core.autopilot import AutopilotConfig
+from asteria_core.autopilot.config import DEFAULT_BOUNDS
 
-TITLE = "Autopilot: time to a loss against the default and the best static policy"
-# SOAP on a small-batch GPT, so that a refresh round weighs as much as this CPU allows against
-# an interval of training (measured: duty about 0.45 at interval 10 on one worker; SOAP's own
-# per-step rotations cost b^3 per block too, so no CPU model here reaches a duty above 1).
+TITLE = "Autopilot: time to a loss against the starting policy and the best static policy"
 MODEL = {"quick": ["--model.n_embd", "128", "--model.n_head", "4", "--model.n_layer", "2",
                    "--data.batch_size", "8"],
          "full": ["--model.n_embd", "256", "--model.n_head", "4", "--model.n_layer", "3",
                   "--data.batch_size", "4", "--model.block_size", "64"]}
 STEPS = {"quick": 40, "full": 200}
-GRID = {"quick": [(20, 1)], "full": [(5, 1), (20, 1), (40, 1), (10, 2)]}
-PILOT = {"quick": AutopilotConfig(mode="apply", window=8, settle=2, spacing=10, guard_steps=8),
-         "full": AutopilotConfig(mode="apply", window=20, settle=10, spacing=40)}
-AUTOPILOT = "autopilot (from the default)"
+PILOT = {"quick": {"window": 8, "settle": 2, "spacing": 10, "guard_steps": 8},
+         "full": {"window": 20, "settle": 10, "spacing": 40}}
+SLOWER = {"a": 6.0, "b": 3.0, "c": 1.0}
+"""How many times its measured time a refresh takes (1: as measured; see the docstring)."""
+QUALITY = 0.02
+"""The final loss a configuration may end above the best and still count (issue 28)."""
+AUTOPILOT = "autopilot"
 
 
-def _args(interval: int, workers: int) -> list[str]:
+def _policy(interval: int = 10, workers: int = 1) -> list[str]:
     return [*SOAP, "--policy.refresh_interval", str(interval), "--policy.workers",
             str(workers), "--train.threads", "1", "--policy.worker_threads", "1"]
 
 
-def _configs(opts: BenchOptions) -> list[Config]:
-    grid = opts.pick(GRID["quick"], GRID["full"])
-    return [Config("default (interval 10, 1 worker)", _args(10, 1), "soap"),
-            Config(AUTOPILOT, _args(10, 1), "soap"),
-            *[Config(f"static interval {i}, {w} worker{'s' if w > 1 else ''}", _args(i, w),
-                     "soap") for i, w in grid]]
+def _tiers(w: int, device: int, host: int, mode: str) -> list[str]:
+    """Tier budgets in working sets W; the disk tier in each run's own folder."""
+    return ["--policy.offload_mode", mode, "--policy.device_budget_bytes", str(device * w),
+            "--policy.host_budget_bytes", str(host * w)]
+
+
+@dataclass
+class Scenario:
+    key: str
+    name: str
+    start: tuple[str, list[str]]
+    """The starting policy: its label and config overrides (the autopilot starts there too)."""
+    grid: list[tuple[str, list[str]]]
+    """The static policies searched offline."""
+    bounds: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
+    on_turn: Callable[[int], None] | None = None
+
+    def configs(self) -> list[Config]:
+        label, args = self.start
+        return [Config(label, args, "soap"), Config(f"{AUTOPILOT} (from {label})", args, "soap"),
+                *[Config(f"static {label}", args, "soap") for label, args in self.grid]]
+
+
+def _refresh_grid(opts: BenchOptions) -> list[tuple[str, list[str]]]:
+    grid = opts.pick([(20, 1)], [(20, 1), (40, 1), (10, 2), (10, 4)])
+    return [(f"interval {i}, {w} worker{'s' if w > 1 else ''}", _policy(i, w)) for i, w in grid]
+
+
+def _scenarios(opts: BenchOptions, hog: Hog) -> list[Scenario]:
+    default = ("default (interval 10, 1 worker)", _policy())
+    w = state_plan([*opts.pick(MODEL["quick"], MODEL["full"]), *SOAP])["working_set"]
+    tight = [*_policy(), *_tiers(w, 1, 2, "disk")]
+    tier_grid = [("device 4W, host 8W, disk", [*_policy(), *_tiers(w, 4, 8, "disk")]),
+                 ("device 1W, host 16W, host tier", [*_policy(), *_tiers(w, 1, 16, "host")])]
+    return [
+        Scenario("a", "refresh-bound", default, _refresh_grid(opts)),
+        Scenario("b", "CPU hog mid-run", default, _refresh_grid(opts), on_turn=hog),
+        Scenario("c", "tier budget too tight", ("tight tiers (device 1W, host 2W, disk)", tight),
+                 opts.pick(tier_grid[1:], tier_grid),
+                 bounds={**DEFAULT_BOUNDS, "device_budget_bytes": [w, 8 * w],
+                         "host_budget_bytes": [2 * w, 16 * w],
+                         "offload_mode": ["disk", "host"]}),
+    ]
 
 
 class Hog:
@@ -92,42 +140,43 @@ class Hog:
 
 def _prepare(pilot: AutopilotConfig):
     def prepare(c: Contender) -> None:
-        if c.config.label == AUTOPILOT:
+        if c.config.label.startswith(AUTOPILOT):
             c.trainer.runtime.autopilot.configure(pilot)
     return prepare
 
 
-def _scenario(name: str, opts: BenchOptions, tmp: Path, on_turn=None) -> dict[str, Any]:
+def _run_scenario(sc: Scenario, opts: BenchOptions, tmp: Path) -> dict[str, Any]:
     steps = opts.pick(STEPS["quick"], STEPS["full"])
     model = opts.pick(MODEL["quick"], MODEL["full"])
-    pilot = opts.pick(PILOT["quick"], PILOT["full"])
-    runs = round_robin(_configs(opts), steps, tmp / name, opts, model,
-                       prepare=_prepare(pilot), on_turn=on_turn)
-    target = max(final_turn_loss(r) for r in runs)
+    pilot = AutopilotConfig(mode="apply", bounds=sc.bounds,
+                            **opts.pick(PILOT["quick"], PILOT["full"]))
+    runs = round_robin(sc.configs(), steps, tmp / sc.key, opts, model,
+                       prepare=_prepare(pilot), on_turn=sc.on_turn,
+                       refresh_fn=SlowerHost(SLOWER[sc.key]))
+    for r in runs:
+        r["final_turn_loss"] = final_turn_loss(r)
+    target = min(r["final_turn_loss"] for r in runs) + QUALITY
     for r in runs:
         r["to_target_steps"], r["to_target_s"] = time_to_loss(r, target)
-        r["final_turn_loss"] = final_turn_loss(r)
-    return {"name": name, "steps": steps, "target_loss": target, "runs": runs}
+    return {"name": f"{sc.key}: {sc.name}", "steps": steps, "target_loss": target,
+            "slower": SLOWER[sc.key], "autopilot": pilot.to_dict(), "runs": runs}
 
 
 def run(opts: BenchOptions) -> SuiteResult:
     result = SuiteResult("autopilot", TITLE, opts.quick, opts.command,
                          config={"steps": opts.pick(STEPS["quick"], STEPS["full"]),
                                  "model_args": opts.pick(MODEL["quick"], MODEL["full"]),
-                                 "autopilot": opts.pick(PILOT["quick"],
-                                                        PILOT["full"]).to_dict()})
-    steps = result.config["steps"]
-    turns = -(-steps // 10)
+                                 "slower": SLOWER, "quality": QUALITY,
+                                 "autopilot": opts.pick(PILOT["quick"], PILOT["full"])})
+    turns = -(-result.config["steps"] // 10)
     hog = Hog(turns // 3, 2 * turns // 3)
-    scenarios = []
     with tempfile.TemporaryDirectory() as tmp:
-        scenarios.append(_scenario("a: refresh-heavy", opts, Path(tmp)))
         try:
-            scenarios.append(_scenario("b: CPU hog mid-run", opts, Path(tmp), on_turn=hog))
+            result.runs = [_run_scenario(sc, opts, Path(tmp))
+                           for sc in _scenarios(opts, hog)]
         finally:
             hog.close()
-    result.runs = scenarios
-    for sc in scenarios:
+    for sc in result.runs:
         _report(result, sc, opts)
     result.save(opts.out_dir)
     return result
@@ -135,44 +184,59 @@ def run(opts: BenchOptions) -> SuiteResult:
 
 def _report(result: SuiteResult, sc: dict[str, Any], opts: BenchOptions) -> None:
     runs = sc["runs"]
-    default, pilot, grid = runs[0], runs[1], runs[2:]
-    statics = [default, *grid]
-    best = min(statics, key=lambda r: r["to_target_s"] or float("inf"))
+    start, pilot, grid = runs[0], runs[1], runs[2:]
+    best = min([start, *grid], key=lambda r: r["to_target_s"] or float("inf"))
+    emulated = f", refreshes emulated {sc['slower']:g}x slower" if sc["slower"] != 1 else ""
     table = result.table(
-        f"Scenario {sc['name']}: time to loss {sc['target_loss']:.3f} "
-        f"({sc['steps']} steps, {runs[0]['params'] / 1e6:.1f}M parameters)",
+        f"Scenario {sc['name']}: time to loss {sc['target_loss']:.3f} (best final + "
+        f"{QUALITY}; {sc['steps']} steps, {runs[0]['params'] / 1e6:.1f}M parameters"
+        f"{emulated})",
         ["configuration", "s to target", "x best static", "final loss", "refresh wait s",
-         "p50 ms"])
+         "transfer wait s", "p50 ms", "changes"])
     for r in runs:
         t = r["to_target_s"]
         table.add(r["label"], "never" if t is None else f"{t:.1f}",
                   "-" if t is None or not best["to_target_s"] else
                   f"{t / best['to_target_s']:.2f}", f"{r['final_turn_loss']:.4f}",
-                  f"{r['idle_s'].get('refresh_wait', 0.0):.1f}", f"{r['p50_ms']:.0f}")
+                  f"{r['idle_s'].get('refresh_wait', 0.0):.1f}",
+                  f"{r['idle_s'].get('transfer_wait', 0.0):.1f}", f"{r['p50_ms']:.0f}",
+                  len(r.get("policy_changes", [])))
     key = sc["name"].split(":")[0]
-    if pilot["to_target_s"] and best["to_target_s"] and default["to_target_s"]:
-        speedup = default["to_target_s"] / pilot["to_target_s"]
-        gap = pilot["final_turn_loss"] - best["final_turn_loss"]
-        result.quote(f"autopilot_{key}", pilot["to_target_s"] / best["to_target_s"],
-                     f"autopilot scenario {key}: {{value:.2f}}x the best static policy's "
-                     f"time ({best['label']}), {speedup:.2f}x faster than the default, final "
-                     f"loss {gap:+.4f} against the best static")
     changes = pilot.get("policy_changes", [])
     result.findings.append(
         f"Scenario {key}: the autopilot made {len(changes)} change(s)" + (": " + "; ".join(
             f"v{c['version']} from step {c['effective_step']}: {c['reason']}" for c in changes)
             if changes else " (nothing it reads was amiss)."))
-    if pilot["to_target_s"] and best["to_target_s"]:
-        ratio = pilot["to_target_s"] / best["to_target_s"]
-        gap = pilot["final_turn_loss"] - best["final_turn_loss"]
-        verdict = "meets" if ratio <= 1.05 and gap <= 0.02 else "misses"
-        result.findings.append(
-            f"Scenario {key}: the autopilot {verdict} the goal: {ratio:.2f}x the best static "
-            f"policy's time ({best['label']}; goal 1.05x), final loss {gap:+.4f} against it "
-            "(goal within 0.02).")
+    result.findings.append(f"Scenario {key}: " + _verdict(start, pilot, best))
+    if pilot["to_target_s"] and best["to_target_s"] and start["to_target_s"]:
+        result.quote(f"autopilot_{key}", pilot["to_target_s"] / best["to_target_s"],
+                     f"autopilot scenario {key} ({sc['name'].split(': ')[1]}): {{value:.2f}}x "
+                     f"the best static policy's time to the loss ({best['label']}), "
+                     f"{start['to_target_s'] / pilot['to_target_s']:.2f}x faster than its "
+                     f"starting policy")
     xs = list(range(1, len(pilot["loss"]) + 1))
     result.plots.append(xy_plot(
         [(r["label"], xs, [x if x is not None else float("nan") for x in r["loss"]])
-         for r in (default, pilot, best) if r is not None],
+         for r in (start, pilot, best)],
         opts.out_dir / f"autopilot-{key}.png", title=f"scenario {sc['name']}: training loss",
         xlabel="step", ylabel="training loss (measured)"))
+
+
+def _verdict(start: dict[str, Any], pilot: dict[str, Any], best: dict[str, Any]) -> str:
+    """The goal, judged: within 1.05x of the best static time, at least 1.25x faster than the
+    starting policy where that is poor (1.25x the best or worse), final loss within QUALITY."""
+    if pilot["to_target_s"] is None:
+        return (f"the autopilot misses the goal: it never reached the target (final loss "
+                f"{pilot['final_turn_loss'] - best['final_turn_loss']:+.4f} against "
+                f"{best['label']}).")
+    ratio = pilot["to_target_s"] / best["to_target_s"]
+    gap = pilot["final_turn_loss"] - best["final_turn_loss"]
+    poor = start["to_target_s"] is None or start["to_target_s"] >= 1.25 * best["to_target_s"]
+    speedup = None if start["to_target_s"] is None else start["to_target_s"] / pilot[
+        "to_target_s"]
+    met = ratio <= 1.05 and gap <= QUALITY and (not poor or speedup is None or speedup >= 1.25)
+    against = "never reached the target" if speedup is None else f"{speedup:.2f}x"
+    return (f"the autopilot {'meets' if met else 'misses'} the goal: {ratio:.2f}x the best "
+            f"static policy's time ({best['label']}; goal 1.05x), final loss {gap:+.4f} against "
+            f"it (goal within {QUALITY}); against its starting policy {against} "
+            f"({'poor' if poor else 'not poor'}: goal 1.25x where poor).")

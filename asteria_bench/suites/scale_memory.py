@@ -140,6 +140,11 @@ def cgroup_peak(folder: Path) -> int:
 def plan_bytes(size: Size) -> dict[str, int]:
     """Parameters, SOAP state and working set W (the largest parameter's state) of `size`,
     from a model on the meta device (no memory, seconds at 1B)."""
+    return state_plan(size.args())
+
+
+def state_plan(args: list[str]) -> dict[str, int]:
+    """plan_bytes of the run that config overrides `args` describe."""
     import torch
 
     from asteria_core.cli import resolve_config
@@ -149,7 +154,7 @@ def plan_bytes(size: Size) -> dict[str, int]:
     from asteria_core.train.model import GPT
     from asteria_core.train.optimizers import optimizer_from_config
 
-    config = resolve_config(None, size.args())
+    config = resolve_config(None, args)
     with torch.device("meta"):
         model = GPT(config.model)
     optimizer = optimizer_from_config(config.optim, model, Policy())

@@ -10,7 +10,8 @@ In order, the first rule that has something to do wins:
 2. refreshes fall behind (duty above 1, or the step waits for them) -> give them time: the swap
    delay back up to S, then more workers, then a longer interval, then a larger S (before a
    second longer interval when steps still wait at the bound);
-3. the step waits for a slower tier -> a larger budget on the faster one, or disk -> host;
+3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
+   disk -> host, or a larger budget on the faster tier;
 4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`):
    an earlier swap (d below S: no extra work, but a refresh's latency must fit d);
 5. with much room (duty under 0.3, 0.5 for the energy objective): one worker fewer, if the rest
@@ -179,14 +180,25 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
 
 def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                 held: Held) -> dict[str, Any] | None:
+    """Steps wait for state on a slower tier: bring it nearer in one move where the bounds
+    allow: a device budget that holds what is on disk too; else all of it to the host (offload
+    host: no disk at all); else a doubled device budget (within its bound), else a doubled host
+    budget (more staging: a deeper prefetch)."""
     if s.transfer_wait <= TIER_WAIT:
         return None
+    device = policy["device_budget_bytes"]
+    bound = config.bounds.get("device_budget_bytes")
+    if device > 0 and s.disk_bytes and bound is not None and bound[1] >= device + s.disk_bytes \
+            and (move := _move(policy, "device_budget_bytes", device + s.disk_bytes, config,
+                               held)):
+        return move
+    if policy["offload_mode"] == OffloadMode.DISK and (
+            move := _move(policy, "offload_mode", OffloadMode.HOST.value, config, held)):
+        return move
     for budget in ("device_budget_bytes", "host_budget_bytes"):
         if policy[budget] > 0 and (move := _move(policy, budget, 2 * policy[budget], config,
                                                  held)):
             return move
-    if policy["offload_mode"] == OffloadMode.DISK:
-        return _move(policy, "offload_mode", OffloadMode.HOST.value, config, held)
     return None
 
 

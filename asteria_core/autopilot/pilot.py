@@ -197,6 +197,7 @@ class Autopilot:
             proposal.status = Outcome.REJECTED
             proposal.reason += f" (refused: {err})"
             self._count(proposal.changes, Outcome.REJECTED)
+            self._hold(proposal.changes)  # not asked again at every boundary
             log.warning("autopilot: %s refused: %s", proposal.changes, err)
             return
         proposal.status, proposal.version = outcome, change.version
@@ -234,16 +235,19 @@ class Autopilot:
 
     def dismiss(self, proposal_id: int) -> Proposal:
         """Drop an open proposal; its fields are held from the autopilot for `hold` steps from
-        the newest record."""
+        the newest record (as are those of a change the policy refused)."""
         with self._lock:
             proposal = self._open(proposal_id)
             proposal.status = Outcome.DISMISSED
-            now = self._records[-1][0].step if self._records else proposal.step
-            until = now + self._config.hold
-            for name in proposal.changes:
-                self._holds[name] = max(self._holds.get(name, 0), until)
+            self._hold(proposal.changes)
             self._count(proposal.changes, Outcome.DISMISSED)
             return dataclasses.replace(proposal)
+
+    def _hold(self, changes: dict[str, Any]) -> None:
+        """Leave these fields alone for `hold` steps from the newest record."""
+        now = self._records[-1][0].step if self._records else 0
+        for name in changes:
+            self._holds[name] = max(self._holds.get(name, 0), now + self._config.hold)
 
     def _open(self, proposal_id: int) -> Proposal:
         for p in self._proposals:

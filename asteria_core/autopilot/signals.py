@@ -29,6 +29,8 @@ class Signals:
     """Share waited for another rank (data-parallel runs)."""
     at_bound: float
     """Share of steps whose staleness reached the bound S."""
+    disk_bytes: int = 0
+    """Optimizer-state bytes on the disk tier after the newest step."""
 
     @property
     def demand(self) -> float | None:
@@ -62,8 +64,10 @@ def read(records: Sequence[Record]) -> Signals:
     duties = [f["background_load"] for f in refresh if f.get("background_load") is not None]
     at_bound = sum(1 for f in refresh if f["staleness_bound"] > 0
                    and f["staleness_max"] >= f["staleness_bound"])
+    tiers = [r["tiers"] for r in records if r.get("tiers")]
     return Signals(
         steps=len(records),
+        disk_bytes=int(tiers[-1]["bytes"].get("disk", 0)) if tiers else 0,
         duty=statistics.median(duties) if duties else None,
         refresh_wait=sum(_idle(r, "refresh_wait") for r in records) / wall,
         transfer_wait=sum(_idle(r, "transfer_wait") for r in records) / wall,

@@ -177,6 +177,8 @@ class RefreshEngine:
         # Where a refresh runs (a worker, or inline when workers = 0), its result is checked
         # for NaN and inf there too: a non-finite result arrives as an error.
         pin = self._host is not None
+        self.refresh_fn = fn
+        """The refresh math it was given (the seam)."""
         self.fn = partial(checked_refresh, fn, pin_memory=pin)
         """Runs a refresh on a thread worker or inline (results pinned for the swap on CUDA)."""
         self._process_fn = partial(checked_refresh, fn)

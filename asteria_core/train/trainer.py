@@ -28,8 +28,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from asteria_core.machine import memory_limit, memory_shortfall
+from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
-from asteria_core.runtime.config import RuntimeConfig
+from asteria_core.runtime.config import RefreshFn, RuntimeConfig
 from asteria_core.runtime.runtime import Runtime, new_run_id
 from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.records import StepRecord
@@ -53,6 +54,7 @@ from asteria_core.train.progress import progress_bar, progress_figures
 from asteria_core.train.schedule import build_scheduler
 
 log = logging.getLogger(__name__)
+OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
 CheckpointSink = Callable[[int, Path], None]
 
@@ -87,16 +89,18 @@ class Trainer:
     def __init__(self, config: RunConfig, *, run_id: str | None = None,
                  jsonl: bool = True, reporter: RunReporter | None = None,
                  policy: LivePolicy | None = None,
-                 optimizer_factory: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
-                 ) -> None:
+                 optimizer_factory: OptimizerFactory | None = None,
+                 refresh_fn: RefreshFn = default_refresh_fn) -> None:
         """`optimizer_factory`: builds the optimizer from the model instead of `config.optim`
-        (a benchmark's peer optimizer, trained on the same model, data and schedule)."""
+        (a benchmark's peer optimizer, trained on the same model, data and schedule).
+        `refresh_fn`: the refresh math (the seam; a benchmark may emulate a slower host)."""
         self.ranks = Ranks.from_env()
         parallel.check(config, self.ranks)
         self.device = parallel.rank_device(resolve_device(config.train.device), self.ranks)
         self._owns_group = parallel.init_group(self.device, self.ranks)
         self._vote: StopVote | None = None
         self.runtime: Runtime | None = None
+        self._refresh_fn = refresh_fn
         try:
             self._build(config, run_id, jsonl, reporter, policy, optimizer_factory)
         except BaseException:
@@ -105,8 +109,7 @@ class Trainer:
 
     def _build(self, config: RunConfig, run_id: str | None, jsonl: bool,
                reporter: RunReporter | None, policy: LivePolicy | None,
-               optimizer_factory: Callable[[torch.nn.Module], torch.optim.Optimizer] | None
-               ) -> None:
+               optimizer_factory: OptimizerFactory | None) -> None:
         ranks = self.ranks
         resume_path = self._resume_path(config)
         if ranks.parallel:  # one run: rank 0's checkpoint and id on every rank
@@ -168,6 +171,7 @@ class Trainer:
             self._vote = StopVote()
         self.runtime = Runtime(self.optimizer, model=self.model, config=RuntimeConfig(
             policy=self.policy, telemetry=config.telemetry, reporter=reporter,
+            refresh_fn=self._refresh_fn,
             run_id=self.run_id, run_dir=self.rank_dir,
             records=records if jsonl and ranks.main else None,
             optimizer_name=config.optim.name,

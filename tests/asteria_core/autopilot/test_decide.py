@@ -24,9 +24,11 @@ FRESHEN = dataclasses.replace(CONFIG, freshen=True)
 
 def record(step: int, *, duty: float | None = 0.6, refresh_wait: float = 0.0,
            transfer_wait: float = 0.0, loss: float = 3.0, version: int = 1,
-           bound: int = 10, staleness: int = 4, eval_loss: float | None = None) -> dict:
+           bound: int = 10, staleness: int = 4, eval_loss: float | None = None,
+           disk_bytes: int = 0) -> dict:
     return {"step": step, "step_seconds": 0.1, "loss": loss, "tokens": 512,
             "policy_version": version, "eval_loss": eval_loss,
+            "tiers": {"bytes": {"device": 1000, "host": 0, "disk": disk_bytes}},
             "timing": {"idle_seconds": {"refresh_wait": refresh_wait,
                                         "transfer_wait": transfer_wait}},
             "refresh": {"background_load": duty, "staleness_max": staleness,
@@ -101,6 +103,29 @@ def test_transfer_waits_raise_a_budget_the_operator_bounded():
                              bounds={"offload_mode": ["host", "disk"]})
     assert decide(records, policy(offload_mode="disk"), [], config).changes == \
         {"offload_mode": "host"}
+
+
+def test_state_on_disk_comes_nearer_in_one_move_the_bounds_allow():
+    records = run(range(1, 41), transfer_wait=0.03, disk_bytes=5000)
+    tight = policy(offload_mode="disk", device_budget_bytes=1000, host_budget_bytes=2000)
+
+    def bounded(device_high: int) -> AutopilotConfig:
+        return AutopilotConfig(mode="apply", window=20, settle=5, bounds={
+            "device_budget_bytes": (1000, device_high), "host_budget_bytes": (2000, 16000),
+            "offload_mode": ["disk", "host"]})
+
+    # a device budget that holds the disk's share too: one move, nothing left on disk
+    decision = decide(records, tight, [], bounded(8000))
+    assert decision.changes == {"device_budget_bytes": 6000}
+    assert "transfer_wait 30% of step time" in decision.reason
+    # the bound cannot hold it all: the state goes to the host tier (no disk at all)
+    assert decide(records, tight, [], bounded(4000)).changes == {"offload_mode": "host"}
+    # host not allowed either: a doubled device budget, within its bound
+    config = dataclasses.replace(bounded(4000), bounds={"device_budget_bytes": (1000, 4000)})
+    assert decide(records, tight, [], config).changes == {"device_budget_bytes": 2000}
+    # waits under 5% of the step: left alone
+    calm = run(range(1, 41), transfer_wait=0.004, disk_bytes=5000)
+    assert decide(calm, tight, [], bounded(8000)) is None
 
 
 def test_spare_room_swaps_earlier_then_drops_a_worker():

@@ -6,6 +6,8 @@ same decisions through the pure `decide` (a recorded trace is enough to reproduc
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -19,7 +21,7 @@ from asteria_core.autopilot import (
     decide,
 )
 from asteria_core.optim import SOAP
-from asteria_core.policy import Policy
+from asteria_core.policy import Policy, PolicyError
 from asteria_core.runtime import Runtime, RuntimeConfig
 from tests.asteria_core.refresh.faults import SlowRefresh
 
@@ -163,3 +165,21 @@ def test_an_operator_change_queued_first_wins_over_an_accept(tmp_path):
         loop.steps(3)
         [change] = loop.runtime.policy.history()  # the operator's alone
         assert change.client == "operator" and change.diff == {"staleness_bound": (2, 3)}
+
+
+def test_a_refused_change_is_held_not_asked_again_at_every_boundary(tmp_path):
+    def keep_the_interval(policy) -> None:  # a runtime part's check, as tier stores add
+        if policy.refresh_interval != 2:
+            raise PolicyError("refresh_interval", "got a change; allowed: 2 in this test")
+
+    loop = Loop(tmp_path, "apply")
+    loop.runtime.policy.add_validator(keep_the_interval)
+    with loop.runtime:
+        loop.steps(60)
+    assert loop.runtime.policy.history() == []  # nothing half-applied
+    refused = [p for p in loop.runtime.autopilot.proposals() if p.status == Outcome.REJECTED]
+    assert refused and all("refused: refresh_interval" in p.reason for p in refused)
+    # asked again only once its hold is over, not at every boundary
+    steps = [p.step for p in refused]
+    assert all(b - a >= autopilot("apply").hold for a, b in itertools.pairwise(steps))
+    assert loop.records[-1].autopilot.decisions["refresh_interval"]["rejected"] == len(steps)
