@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from asteria_core.autopilot.config import Mode
+from asteria_core.autopilot.section import AutopilotSection
 from asteria_core.fields import Kind, choice, setting
 from asteria_core.machine import MACHINE
 from asteria_core.optim.registry import OPTIMIZERS, spec_of
@@ -231,8 +233,14 @@ class RunConfig:
     policy: Policy = field(default_factory=Policy)
     """The live policy a run starts with (refresh interval, staleness bound, workers, ...)."""
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    autopilot: AutopilotSection = field(default_factory=AutopilotSection)
+    """The autopilot the run starts with (off unless set; second-order optimizers)."""
 
     def __post_init__(self) -> None:
+        if self.autopilot.mode != Mode.OFF and not spec_of(self.optim.name).second_order:
+            raise ConfigError(f"autopilot.mode: got {self.autopilot.mode!r} with optim.name "
+                              f"{self.optim.name!r}; allowed: off (a first-order optimizer has "
+                              "no refresh policy to tune)")
         # A second-order optimizer's state has a home tier: with a disk tier its moments may
         # all live on disk, and the trainer checks what the tier plan keeps in memory
         # (Trainer._check_memory). AdamW's moments stay in memory.

@@ -171,7 +171,7 @@ class Trainer:
             self._vote = StopVote()
         self.runtime = Runtime(self.optimizer, model=self.model, config=RuntimeConfig(
             policy=self.policy, telemetry=config.telemetry, reporter=reporter,
-            refresh_fn=self._refresh_fn,
+            refresh_fn=self._refresh_fn, autopilot=config.autopilot.build(),
             run_id=self.run_id, run_dir=self.rank_dir,
             records=records if jsonl and ranks.main else None,
             optimizer_name=config.optim.name,

@@ -148,3 +148,27 @@ def test_second_order_run_resumes_bit_for_bit_with_refreshes_in_flight(tiny, nam
     resumed.close()
     assert part.train_losses + rest.train_losses == full.train_losses
     assert straight.runtime.refresh.failures == 0 and resumed.runtime.refresh.failures == 0
+
+
+def test_a_launched_run_starts_with_the_autopilot_its_config_names(tiny):
+    """The config's [autopilot] section (what `asteria train`, POST /runs and a config file set):
+    the runtime's autopilot starts in that mode, with those settings and bounds."""
+    from asteria_core.autopilot.section import AutopilotSection
+
+    config = tiny(steps=40, eval_interval=40)
+    config = dataclasses.replace(
+        config, optim=dataclasses.replace(config.optim, name="soap"),
+        policy=dataclasses.replace(config.policy, refresh_interval=2, staleness_bound=2,
+                                   workers=1),
+        autopilot=AutopilotSection(mode="propose", window=8, settle=2, spacing=10,
+                                   workers="1..1", refresh_interval="2..20",
+                                   offload_mode="disk,host"))
+    trainer = Trainer(config, run_id="piloted", jsonl=False)
+    pilot = trainer.runtime.autopilot
+    assert pilot.mode == "propose" and pilot.config.window == 8
+    assert pilot.config.bounds["workers"] == (1, 1)
+    assert pilot.config.bounds["offload_mode"] == ["disk", "host"]
+    assert "device_budget_bytes" not in pilot.config.bounds  # empty: never moved
+    trainer.train(progress=False)
+    trainer.close()
+    assert trainer.runtime.policy.history() == []  # propose: nothing applied on its own
