@@ -95,7 +95,7 @@ class Scenario:
 
 
 def _refresh_grid(opts: BenchOptions) -> list[tuple[str, list[str]]]:
-    grid = opts.pick([(20, 1)], [(20, 1), (40, 1), (10, 2), (10, 4)])
+    grid = opts.pick([(20, 1)], [(20, 1), (40, 1), (10, 2), (20, 2)])
     return [(f"interval {i}, {w} worker{'s' if w > 1 else ''}", _policy(i, w)) for i, w in grid]
 
 
