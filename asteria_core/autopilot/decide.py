@@ -7,9 +7,10 @@ its policy history) replays into the same decisions (tests/asteria_core/autopilo
 In order, the first rule that has something to do wins:
 1. the quality guard: the loss after the autopilot's last change regressed beyond noise -> undo
    it (and hold its fields);
-2. refreshes fall behind (duty above 1, or the step waits for them) -> give them time: the swap
-   delay back up to S, then more workers, then a longer interval, then a larger S (before a
-   second longer interval when steps still wait at the bound);
+2. refreshes fall behind (duty above 1, or the step waits for them, or in a data-parallel run
+   for another rank's: sync_wait) -> give them time: the swap delay back up to S, then more
+   workers, then a longer interval, then a larger S (before a second longer interval when
+   steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
    disk -> host, or a larger budget on the faster tier;
 4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`):
@@ -46,6 +47,7 @@ TARGET_DUTY = 0.8
 BEHIND_DUTY = 1.05
 BEHIND_WAIT = 0.02  # share of step time waited for refreshes
 TIER_WAIT = 0.05  # share of step time waited for a slower tier
+SYNC_WAIT = 0.05  # share of step time waited for another rank (ranks drift a little anyway)
 EARLY_SWAP_DUTY = 0.5
 SPARE_DUTY = {Objective.TIME: 0.3, Objective.ENERGY: 0.5}
 
@@ -155,7 +157,11 @@ def _delay(policy: Mapping[str, Any]) -> int:
 
 def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
             held: Held) -> dict[str, Any] | None:
-    if not ((s.duty is not None and s.duty > BEHIND_DUTY) or s.refresh_wait > BEHIND_WAIT):
+    # sync_wait: in a data-parallel run this rank waits at the swap steps of blocks another
+    # rank refreshes when those refreshes are late (a slowed rank): the same remedies help
+    # every rank, and only rank 0 decides, so its waits for the others count too
+    if not ((s.duty is not None and s.duty > BEHIND_DUTY) or s.refresh_wait > BEHIND_WAIT
+            or s.sync_wait > SYNC_WAIT):
         return None
     bound, delay = policy["staleness_bound"], _delay(policy)
     if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):

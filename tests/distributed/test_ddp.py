@@ -131,18 +131,23 @@ def test_a_slow_owner_makes_only_the_others_wait_and_never_past_the_bound(tmp_pa
     assert sum(s["sync_wait"] for s in slow["steps"]) < 0.1 * own
 
 
-def test_rank_0_decides_and_every_rank_applies_the_autopilot_change_at_one_step(tmp_path):
-    """Rank 0's refreshes are slow (its own steps wait for them): its autopilot lengthens the
-    refresh interval; the policy sync carries each change, so both ranks apply it at the same
-    step with the same version and reason, and the replicas stay identical."""
-    torchrun(tmp_path, "--slow-rank", "0", "--slow-seconds", "0.2", "--autopilot",
+@pytest.mark.parametrize(("slow_rank", "wait"), [(0, "refresh_wait"), (1, "sync_wait")],
+                         ids=["rank-0-slowed", "rank-1-slowed"])
+def test_rank_0_decides_and_every_rank_applies_the_autopilot_change_at_one_step(
+        tmp_path, slow_rank, wait):
+    """One rank's refreshes are slow: rank 0's own steps wait for them (refresh_wait), or, when
+    rank 1 is the slow one, rank 0 waits at the swap steps of rank 1's blocks (sync_wait).
+    Either way rank 0's autopilot lengthens the refresh interval, citing that wait; the policy
+    sync carries each change, so both ranks apply it at the same step with the same version
+    and reason, and the replicas stay identical."""
+    torchrun(tmp_path, "--slow-rank", str(slow_rank), "--slow-seconds", "0.2", "--autopilot",
              "--steps", "40")
     params, (zero, one) = ranks(tmp_path, 2)
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
     assert zero["changes"], "rank 0's autopilot changed nothing although it waited"
     assert zero["changes"] == one["changes"]
     for _version, _step, client, reason, diff in zero["changes"]:
-        assert client == "autopilot" and "refresh_wait" in reason
+        assert client == "autopilot" and wait in reason
         assert set(diff) == {"refresh_interval"} and diff["refresh_interval"][1] > \
             diff["refresh_interval"][0]
     assert [s["policy_version"] for s in zero["steps"]] == \

@@ -25,12 +25,13 @@ FRESHEN = dataclasses.replace(CONFIG, freshen=True)
 def record(step: int, *, duty: float | None = 0.6, refresh_wait: float = 0.0,
            transfer_wait: float = 0.0, loss: float = 3.0, version: int = 1,
            bound: int = 10, staleness: int = 4, eval_loss: float | None = None,
-           disk_bytes: int = 0) -> dict:
+           disk_bytes: int = 0, sync_wait: float = 0.0) -> dict:
     return {"step": step, "step_seconds": 0.1, "loss": loss, "tokens": 512,
             "policy_version": version, "eval_loss": eval_loss,
             "tiers": {"bytes": {"device": 1000, "host": 0, "disk": disk_bytes}},
             "timing": {"idle_seconds": {"refresh_wait": refresh_wait,
-                                        "transfer_wait": transfer_wait}},
+                                        "transfer_wait": transfer_wait,
+                                        "sync_wait": sync_wait}},
             "refresh": {"background_load": duty, "staleness_max": staleness,
                         "staleness_bound": bound, "queue_depth": 1}}
 
@@ -85,6 +86,15 @@ def test_inline_refreshes_that_block_get_a_worker():
     d = decide(run(range(1, 41), duty=None, refresh_wait=0.02), policy(workers=0), [], CONFIG)
     assert d.changes == {"workers": 1}
     assert "refresh_wait 20% of step time" in d.reason
+
+
+def test_waiting_for_another_ranks_late_refreshes_gives_refreshes_time():
+    """Rank 0 decides for every rank: waits at the swap steps of a slowed rank's blocks
+    (sync_wait) get the remedies of its own waits; ranks' usual drift (under 5%) does not."""
+    d = decide(run(range(1, 41), sync_wait=0.02), policy(), [], CONFIG)
+    assert d.changes == {"workers": 2}
+    assert "sync_wait 20% of step time" in d.reason
+    assert decide(run(range(1, 41), sync_wait=0.004), policy(), [], CONFIG) is None
 
 
 def test_a_field_without_bounds_is_never_moved():
