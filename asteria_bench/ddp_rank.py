@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
+from asteria_core.autopilot import AutopilotConfig
 from asteria_core.optim.base import local_shard
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.data import (
@@ -37,6 +38,8 @@ from asteria_core.train.model import GPT
 
 BATCH = 8  # sequences per rank
 LR = 3e-3
+AUTOPILOT = AutopilotConfig(mode="apply", window=20, settle=10, spacing=40)
+"""--autopilot: the autopilot suite's scenario (d) settings (default bounds; rank 0 decides)."""
 DISTRIBUTED_SHAMPOO = "distributed_shampoo"
 EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -129,6 +132,8 @@ def main() -> None:
     cli.add_argument("--n-layer", type=int, default=2)
     cli.add_argument("--n-embd", type=int, default=128)
     cli.add_argument("--block-size", type=int, default=64)
+    cli.add_argument("--autopilot", action="store_true",
+                     help="the autopilot applies its changes (the autopilot suite's settings)")
     args = cli.parse_args()
     model_config = ModelConfig(n_layer=args.n_layer, n_head=4, n_embd=args.n_embd,
                                block_size=args.block_size)
@@ -157,6 +162,8 @@ def main() -> None:
                                 rebalance_rounds=args.rebalance_rounds, **extra)
         runtime = opt.runtime
         runtime.add_listener(records.append)
+        if args.autopilot:
+            runtime.autopilot.configure(AUTOPILOT)
     tokens, tokens_val = split_tokens(encode(load_corpus("")), 0.1, model_config.block_size)
     loader = BatchLoader(tokens, model_config.block_size, BATCH,
                          seed=1337 + 100 * args.seed + rank)
@@ -190,6 +197,7 @@ def main() -> None:
         "eval_at": {str(k): v for k, v in evals.items()},
         "state_bytes": state_bytes(opt.state),
         "step_seconds": step_seconds,
+        "losses": losses,
     }
     if runtime is None:  # Distributed Shampoo: its all-gather, every step
         per_step = gathered_bytes_per_step(opt, world)
@@ -220,7 +228,11 @@ def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -
     steady = total - first_round_bytes
     rounds = (args.steps - 1) // args.interval if refresh else 0
     steady_records = records[args.interval:]
+    changes = [{"version": c.version, "effective_step": c.effective_step,
+                "diff": {k: list(v) for k, v in c.diff.items()}, "client": c.client,
+                "reason": c.reason} for c in runtime.policy.history()]
     return {
+        "policy_changes": changes,
         "sync_wait_ms_per_step": 1e3 * statistics.fmean(
             r.timing.idle_seconds["sync_wait"] for r in steady_records),
         "refresh_wait_ms_per_step": 1e3 * statistics.fmean(

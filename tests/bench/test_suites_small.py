@@ -198,27 +198,3 @@ def test_straggler_suite_runs_a_hog_beside_rank_1_with_and_without_rebalancing(t
     assert fixed["owned_last"] == fixed["owned_first"] and fixed["blocks_moved"] == 0
     # Who computes a refresh never changes its numbers: the same loss, bit for bit.
     assert fixed["eval_loss"] == moving["eval_loss"] == base["eval_loss"]
-
-
-def test_autopilot_suite_runs_its_scenarios_beside_the_start_and_a_static_grid(tmp_path):
-    opts = options(tmp_path, "autopilot")
-    result = load("autopilot").run(opts)
-    data = json.loads((opts.out_dir / "autopilot.json").read_text())
-    check_common(data, "autopilot", opts.out_dir)
-    assert [sc["name"] for sc in data["runs"]] == [
-        "a: refresh-bound", "b: CPU hog mid-run", "c: tier budget too tight"]
-    for sc in data["runs"]:
-        labels = [r["label"] for r in sc["runs"]]
-        assert labels[1] == f"autopilot (from {labels[0]})"
-        best = min(r["final_turn_loss"] for r in sc["runs"])
-        assert sc["target_loss"] == pytest.approx(best + 0.02)  # the best final + tolerance
-        for r in sc["runs"]:
-            assert len(r["loss"]) == data["config"]["steps"]
-            if r["final_turn_loss"] <= sc["target_loss"]:  # by its last turn at the latest
-                assert finite_positive(r["to_target_s"])
-            for change in r["policy_changes"]:  # only the autopilot changes a policy here
-                assert r["label"] == labels[1] and change["client"] == "autopilot"
-                assert change["reason"]
-    tiers = data["runs"][2]["runs"]
-    assert tiers[0]["idle_s"].get("transfer_wait", 0) > 0  # the tight tiers do wait
-    assert any("the autopilot made" in f for f in result.findings)
