@@ -146,11 +146,13 @@ def job(tmp_path_factory):
 
 @pytest.fixture
 def rank1(job):
-    """Rank 1's target file, put back as rank 1 wrote it after the test."""
+    """Rank 1's target file, put back as rank 1 wrote it after the test. No wait for the
+    control plane's cache here: every test that takes this fixture writes its own target and
+    waits CACHE_SECONDS before it reads the view (test_every_rank_is_listed_with_its_figures
+    polls until both ranks have figures)."""
     written = job.target(1).read_bytes()
     yield job
     job.write_target(1, written)
-    time.sleep(ranks_module.CACHE_SECONDS)
 
 
 def scrape_directly(address: str) -> dict[str, float]:
