@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from asteria_core.cli import main as cli_main
 from asteria_core.cli import resolve_config
 from asteria_core.optim.base import FACTORS
 from asteria_core.policy import PolicyError
@@ -202,9 +203,15 @@ def test_a_plan_is_for_soap_unless_told_otherwise(tmp_path):
      "measure_up_to: got 0; allowed: an integer in [1, 65536]"),
     ([], "the following arguments are required: --step-seconds"),
 ])
-def test_the_command_refuses_bad_input_naming_the_field(tmp_path, args, message):
+def test_the_command_refuses_bad_input_naming_the_field(tmp_path, capsys, args, message):
+    """In this process (`python -m asteria_core.cli` is `sys.exit(main())`; the tests above run
+    the command itself): a refusal is its exit status and message, nothing measured."""
     cal = tmp_path / "cal.json"
-    run = asteria_plan(*SMALL, "--calibration", str(cal), *args)
-    assert run.returncode == 2
-    assert message in run.stderr, run.stderr
+    try:
+        status = cli_main(["plan", *SMALL, "--calibration", str(cal), *args])
+    except SystemExit as exit_:  # argparse's usage errors
+        status = exit_.code
+    assert status == 2
+    stderr = capsys.readouterr().err
+    assert message in stderr, stderr
     assert not cal.exists()  # refused before anything was measured
