@@ -61,13 +61,25 @@ def reference(tmp_path_factory) -> tuple[dict[str, torch.Tensor], dict]:
     return single(tmp_path_factory.mktemp("single"))
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """One job of 2 ranks, each serving its /metrics on any free port (base + rank could land
+    on a port torchrun or gloo holds): the replicas test's and the coherence test's baseline."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    torchrun(out, "--metrics-port", "0")
+    return out
+
+
 @pytest.mark.parametrize(("nnodes", "nproc"), [(1, 2), (2, 2)], ids=["2 ranks", "2 nodes x 2"])
-def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, reference,
+def test_replicas_stay_identical_and_equal_the_single_process_run(request, tmp_path, reference,
                                                                   nnodes, nproc):
     world = nnodes * nproc
-    # Any free port per rank: base + rank could land on a port torchrun or gloo holds.
-    torchrun(tmp_path, "--metrics-port", "0", nproc=nproc, nnodes=nnodes)
-    params, reports = ranks(tmp_path, world)
+    if nnodes == 1:
+        out = request.getfixturevalue("two_ranks")
+    else:
+        out = tmp_path
+        torchrun(out, "--metrics-port", "0", nproc=nproc, nnodes=nnodes)
+    params, reports = ranks(out, world)
     for other in params[1:]:
         assert all(torch.equal(params[0][k], other[k]) for k in params[0])
     single_params, single_report = reference
@@ -101,7 +113,7 @@ def test_replicas_stay_identical_and_equal_the_single_process_run(tmp_path, refe
         assert (policy_sent, policy_received) == expected
         assert 'run_id="ddp-rank0"' in r["metrics"]
         assert 'asteria_device_idle_seconds_total{cause="sync_wait"}' in r["metrics"]
-        target = (tmp_path / "targets" / f"asteria-rank{r['rank']}.yml").read_text()
+        target = (out / "targets" / f"asteria-rank{r['rank']}.yml").read_text()
         assert f'127.0.0.1:{r["metrics_port"]}' in target and f'rank: "{r["rank"]}"' in target
     # A policy change proposed on rank 0 (whose control plane takes PATCHes) is in force from
     # the step it answered, on every rank; the other ranks refuse changes of their own.
@@ -234,13 +246,15 @@ def test_a_killed_rank_stops_the_job_naming_it_and_a_restart_resumes_exactly(tmp
     assert reports[0]["steps"][0]["step"] == 11  # the restarted attempt began at the checkpoint
 
 
-def test_selective_coherence_sends_only_bases_that_moved_on_every_rank_alike(tmp_path):
+def test_selective_coherence_sends_only_bases_that_moved_on_every_rank_alike(tmp_path,
+                                                                           two_ranks):
     """The owner decides a refresh barely moved its basis: only a header travels, and every
-    rank keeps the basis in use at that step, so replicas stay identical with fewer bytes."""
-    every, selective = tmp_path / "every", tmp_path / "selective"
-    torchrun(every)
+    rank keeps the basis in use at that step, so replicas stay identical with fewer bytes
+    (against the same job with every refresh sent: `two_ranks`; serving /metrics moves no
+    collective byte)."""
+    selective = tmp_path / "selective"
     torchrun(selective, "--coherence", "0.2")
-    _, full = ranks(every, 2)
+    _, full = ranks(two_ranks, 2)
     params, reports = ranks(selective, 2)
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
     skipped = [r["unchanged"] for r in reports]
