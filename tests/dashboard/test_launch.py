@@ -67,10 +67,18 @@ def launcher(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_start_serves_both_and_a_signal_stops_both(launcher, sig):
+def test_start_serves_both_shows_the_run_training_and_a_signal_stops_both(launcher, sig):
     launcher.ready()
     api, ui = f"http://127.0.0.1:{launcher.api}", f"http://127.0.0.1:{launcher.ui}"
     assert f"control plane  {api}" in launcher.output and f"dashboard      {ui}" in launcher.output
+    # the run's progress line moves, and each URL is printed once
+    figures = re.compile(r"(\d+)/1000000 .*loss=\d+\.\d{4}, tok/s=[\d,]+, step_ms=\d+\.\d")
+    wait_until(lambda: len(figures.findall(launcher.output)) >= 2, 120, 0.2, "progress lines")
+    steps = [int(n) for n in figures.findall(launcher.output)]
+    assert steps[-1] > steps[0] > 0, steps
+    lines = launcher.output.splitlines()
+    for url in (api, ui):
+        assert sum(url in line for line in lines) == 1, launcher.output
     run_id = httpx.get(f"{api}/healthz").json()["active_run"]
     assert run_id, "the default run trains"
     assert answers(f"{ui}/_stcore/health", "ok")
@@ -87,17 +95,6 @@ def test_start_serves_both_and_a_signal_stops_both(launcher, sig):
     assert not answers(f"{api}/healthz") and not answers(f"{ui}/_stcore/health")
     # the run stopped at a step boundary and kept its checkpoint
     assert (launcher.data / "runs" / run_id / "checkpoint.pt").is_file()
-
-
-def test_start_shows_the_run_training_and_prints_each_url_once(launcher):
-    launcher.ready()
-    figures = re.compile(r"(\d+)/1000000 .*loss=\d+\.\d{4}, tok/s=[\d,]+, step_ms=\d+\.\d")
-    wait_until(lambda: len(figures.findall(launcher.output)) >= 2, 120, 0.2, "progress lines")
-    steps = [int(n) for n in figures.findall(launcher.output)]
-    assert steps[-1] > steps[0] > 0, steps  # the line moves with the run
-    lines = launcher.output.splitlines()
-    for url in (f"http://127.0.0.1:{launcher.api}", f"http://127.0.0.1:{launcher.ui}"):
-        assert sum(url in line for line in lines) == 1, launcher.output
 
 
 def test_a_dying_child_stops_the_other(launcher):
