@@ -65,11 +65,19 @@ def test_config_and_train_are_the_cores_and_have_no_served_defaults(capsys):
     assert "asteria: config error: optim.lr: got 'x'" in capsys.readouterr().err
 
 
-def test_the_core_module_alone_has_no_control_plane_commands():
-    proc = subprocess.run([sys.executable, "-m", "asteria_core.cli", "serve"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "invalid choice: 'serve' (choose from 'train', 'config', 'keys', 'plan')" in proc.stderr
+def exit_status(main, argv: list[str]) -> int:
+    """A command's exit status, run in this process (`python -m asteria` and `python -m
+    asteria_core.cli` are `sys.exit(main())`): argparse's usage errors raise SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_the_core_module_alone_has_no_control_plane_commands(capsys):
+    assert exit_status(core.main, ["serve"]) == 2
+    assert "invalid choice: 'serve' (choose from 'train', 'config', 'keys', 'plan')" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["train", "config", "start", "serve"])
@@ -111,16 +119,16 @@ def test_keys_prints_each_key_with_type_range_default_and_help():
 @pytest.mark.parametrize(("typo", "meant"), [(["--no-progres"], "--no-progress"),
                                              (["--metrics-por", "0"], "--metrics-port"),
                                              (["--con", "RUN"], "--config")])
-def test_a_mistyped_option_is_an_error_and_nothing_trains(tmp_path, typo, meant):
+def test_a_mistyped_option_is_an_error_and_nothing_trains(tmp_path, capsys, typo, meant):
     run = tmp_path / "run.toml"
     run.write_text("[train]\nsteps = 1\n")
     typo = [str(run) if a == "RUN" else a for a in typo]
-    proc = subprocess.run([sys.executable, "-m", "asteria", "train", *typo, "--train.steps",
-                           "1", "--train.out_dir", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 2, proc.stderr
-    assert f"unknown option {typo[0]!r}; did you mean {meant}?" in proc.stderr
-    assert proc.stderr.startswith("usage: asteria train")
+    status = exit_status(cli.main, ["train", *typo, "--train.steps", "1", "--train.out_dir",
+                                    str(tmp_path / "runs")])
+    stderr = capsys.readouterr().err
+    assert status == 2, stderr
+    assert f"unknown option {typo[0]!r}; did you mean {meant}?" in stderr
+    assert stderr.startswith("usage: asteria train")
     assert not (tmp_path / "runs").exists(), "a mistyped option must stop before training"
 
 
