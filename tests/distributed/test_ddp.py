@@ -56,12 +56,6 @@ def relative(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> tuple[dict[str, torch.Tensor], dict]:
-    """The single-process run on the same global batch with the same swap schedule."""
-    return single(tmp_path_factory.mktemp("single"))
-
-
-@pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> Path:
     """One job of 2 ranks, each serving its /metrics on any free port (base + rank could land
     on a port torchrun or gloo holds): the replicas test's and the coherence test's baseline."""

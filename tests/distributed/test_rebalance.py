@@ -15,7 +15,7 @@ from asteria_core.distributed.rebalance import rebalanced_owners
 from asteria_core.distributed.topology import Topology, assign_owners
 from asteria_core.optim.seam import BlockInfo, BlockKey
 from tests.backend.conftest import free_port
-from tests.distributed.test_ddp import BOUND, SCRIPT, STEPS, ranks, relative, single, torchrun
+from tests.distributed.test_ddp import BOUND, SCRIPT, STEPS, ranks, relative, torchrun
 
 BLOCKS = [BlockInfo(BlockKey(p, d, 0), size, float(size) ** 3)
           for p, sizes in enumerate([(32, 16), (32, 32), (16, 16), (24, 8)])
@@ -69,7 +69,7 @@ def test_a_recovered_rank_takes_blocks_back():
 
 
 @pytest.mark.multiproc
-def test_owners_move_off_a_slow_rank_and_replicas_stay_identical(tmp_path):
+def test_owners_move_off_a_slow_rank_and_replicas_stay_identical(tmp_path, reference):
     """Rank 1's refreshes take 50 ms more each: after the first share of speeds its blocks move
     to rank 0, factor statistics with them. The run still equals the single-process run on the
     same global batch (a moved factor that lost its history would change every later basis),
@@ -77,7 +77,7 @@ def test_owners_move_off_a_slow_rank_and_replicas_stay_identical(tmp_path):
     torchrun(tmp_path, "--slow-rank", "1", "--slow-seconds", "0.05", "--rebalance-rounds", "1")
     params, reports = ranks(tmp_path, 2)
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
-    single_params, _ = single(tmp_path / "single")
+    single_params, _ = reference
     assert relative(params[0], single_params) < 1e-5
     owned = [[s["owned_blocks"] for s in r["steps"]] for r in reports]
     blocks = reports[0]["blocks"]

@@ -12,15 +12,10 @@ import torch
 
 from asteria_core.distributed.sharded import assign_param_owners
 from tests.backend.conftest import free_port
-from tests.distributed.test_ddp import SCRIPT, STEPS, ranks, relative, single, torchrun
+from tests.distributed.test_ddp import SCRIPT, STEPS, ranks, relative, torchrun
 
 pytestmark = pytest.mark.multiproc
 SHARDED = ("--state", "sharded")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return single(tmp_path_factory.mktemp("single"))
 
 
 @pytest.fixture(scope="module")
