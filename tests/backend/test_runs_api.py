@@ -68,6 +68,10 @@ def test_bad_run_config_is_rejected_naming_the_key(client):
     assert "optim.lr" in r.json()["detail"][0]["msg"]
     r = client.post("/runs", json={"config": {"optim": {"lrr": 1}}})
     assert r.status_code == 422 and "unknown config key 'optim.lrr'" in r.text
+    # the [autopilot] section's bounds name the field and the item at fault
+    r = client.post("/runs", json={"config": {"optim": {"name": "soap"}, "autopilot": {
+        "mode": "apply", "workers": "1..100000"}}})
+    assert r.status_code == 422 and "autopilot.workers.1: got 100000" in r.text
     assert client.get("/runs").json() == []
 
 
@@ -171,3 +175,20 @@ def test_live_reads_answer_like_the_routes_and_bad_queries_still_get_422(client)
     # Unknown query keys are ignored by the route, as before (answered by it, not from memory).
     assert client.get(f"/runs/{run_id}/steps", params={"since": 1, "x": 1}).status_code == 200
     client.post(f"/runs/{run_id}/stop")
+
+
+def test_a_launched_run_starts_with_the_autopilot_its_config_names(client):
+    config = json.loads(json.dumps(TINY))
+    config["train"].update(steps=100_000)
+    config["optim"] = {"name": "soap"}
+    config["autopilot"] = {"mode": "propose", "refresh_interval": "5..50", "workers": ""}
+    r = client.post("/runs", json={"config": config})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    pilot = wait_for(lambda: (a := client.get(f"/runs/{run_id}/autopilot")).status_code == 200
+                     and a.json())
+    assert pilot["config"]["mode"] == "propose"
+    assert pilot["config"]["bounds"]["refresh_interval"] == [5, 50]
+    assert "workers" not in pilot["config"]["bounds"]  # an empty bound: never moved
+    assert client.post(f"/runs/{run_id}/stop").status_code == 202
+    wait_for(lambda: _run(client, run_id)["status"] == "stopped")
