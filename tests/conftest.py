@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+# In a suite of several xdist workers (pyproject's addopts), idle OpenMP threads sleep instead
+# of spinning: set before torch loads libgomp, here and in every process the tests start. The
+# workers and their subprocesses keep the few cores busy, and libgomp's default spin-wait then
+# burns the CPU a descheduled peer thread needs (a 2-thread training loop beside one busy core:
+# 3-4x the CPU time). Thread counts and results are unchanged; alone (-n0) on a quiet machine
+# spinning is faster, so it is left as it is.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
