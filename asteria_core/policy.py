@@ -16,7 +16,6 @@ schema (and so the dashboard's form) from them.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -84,11 +83,6 @@ def _str(default: str, max_length: int, title: str, doc: str) -> Any:
 MAX_STEPS = 1_000_000
 
 
-def swap_spread(delay: int, window: int | str) -> int:
-    """The boundaries a deterministic round's swaps take at swap delay `delay`: `window`
-    (ceil(d / 2) when "auto"), at most d, at least 1."""
-    window = math.ceil(delay / 2) if window == AUTO else window
-    return max(1, min(window, delay))
 MAX_BYTES = 2**53
 
 
@@ -108,19 +102,20 @@ class Policy:
         "S: the most steps a basis in use may lag the statistics it was computed from.")
     swap_delay: int | str = _auto_or_int(
         AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
-        "d <= S: in deterministic mode a basis from step-t statistics is swapped in by t + d "
-        "(at t + d - swap window + 1 .. t + d, see swap_window); a block's first basis at "
+        "d <= S: in deterministic mode a round that falls due at step t is swapped in by t + d "
+        "(over t + d - swap window + 1 .. t + d, see swap_window); a block's first basis at "
         "once, as the references do. "
-        '"auto" follows the staleness bound (d = S, read at each boundary), which gives pacing '
-        "the most steps to spread a round over.")
+        '"auto" follows the staleness bound (d = S, read at each boundary), which gives the '
+        "swap window the most steps to spread a round over.")
     swap_window: int | str = _auto_or_int(
-        AUTO, 1, MAX_STEPS, 'Swap window (steps; "auto" = d / 2)',
-        "Deterministic mode: a round's swaps are spread over the last min(this, d) boundaries "
-        "up to t + d, about an equal share of the swap work at each, in the order the workers "
-        "get the blocks (one handed out early is swapped early), so no single step rotates "
-        "every block's moments. 1 swaps the whole round at t + d, as the optimizer's own "
-        'delayed mode does. "auto" = ceil(d / 2): pacing hands the round to the workers over '
-        "the first d - window + 1 boundaries, the swaps take the rest.")
+        AUTO, 1, MAX_STEPS, 'Swap window V (steps; "auto" fits the blocks)',
+        "Deterministic mode: a round due at t is placed on V = min(this, d) boundaries by "
+        "refresh cost; a block in slot k is read and handed to the workers at t + k (with "
+        "pace on) and swapped in at t + d - V + 1 + k, so every basis is d - V + 1 steps old "
+        "when swapped in and no single step rotates every block's moments. 1 swaps the whole "
+        "round at t + d, as the optimizer's own delayed mode does. \"auto\": the widest "
+        "V <= min(d, refresh interval) whose lead d - V + 1 covers its busiest slot's work "
+        "at a refresh duty of 1 (many like blocks: a lead of 1-2 steps).")
     swap_mode: str = _choice(
         SwapMode.DETERMINISTIC, "Swap mode",
         "deterministic (swap at a step fixed when the refresh falls due, by t + d) | "
@@ -150,10 +145,12 @@ class Policy:
         "stale_then_cost (most stale, then most expensive) | fifo.")
     pace: bool = _bool(
         True, "Pace refreshes",
-        "Spread each refresh round's jobs over the steps before its first swap (min(d - swap "
-        "window + 1, S, refresh interval) steps, by cost), so the workers load every step "
-        "evenly instead of a burst at each refresh point. Timing only: the results and the "
-        "steps they are swapped in at do not change.")
+        "Spread each refresh round's jobs over the swap window's V boundaries by cost "
+        "(opportunistic mode: min(S, refresh interval)), reading each block's statistics when "
+        "its job goes out, so the workers load every step evenly instead of a burst at each "
+        "refresh point and every basis is d - V + 1 steps old at its swap. Off, a round is "
+        "read and handed out at once when it falls due (older bases); the swap steps are the "
+        "same either way.")
     failure_limit: int = _int(
         3, 1, MAX_STEPS, "Failure limit",
         "Consecutive failed refreshes of one block before the run stops with a checkpoint.")
@@ -187,11 +184,6 @@ class Policy:
     def delay(self) -> int:
         """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
         return self.staleness_bound if self.swap_delay == AUTO else self.swap_delay
-
-    @property
-    def spread(self) -> int:
-        """Boundaries a deterministic round's swaps take (`swap_spread`)."""
-        return swap_spread(self.delay, self.swap_window)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

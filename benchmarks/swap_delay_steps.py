@@ -46,10 +46,12 @@ def main() -> None:
         if step % EVERY == 0:
             curve.append({"step": step, "val_loss": trainer.evaluate(), "wall_s": 0.0,
                           "energy_j": 0.0})
+    engine = trainer.runtime.refresh
+    window = engine._window(trainer.policy.current) if engine is not None else None
     trainer.close()
     reached = reach(curve, TARGET)
     at = {c["step"]: round(c["val_loss"], 4) for c in curve}
-    print(json.dumps({"name": name, "overrides": overrides, "ramp": RAMP or None,
+    print(json.dumps({"name": name, "overrides": overrides, "ramp": RAMP or None, "swap_window": window,
                       "steps_to_target": reached and round(reached["step"], 1),
                       "val_loss_200": at.get(200), "val_loss_last": at[curve[-1]["step"]],
                       "seconds": round(time.perf_counter() - t0)}))

@@ -1,13 +1,11 @@
 """The refresh engine: preconditioner refreshes off the critical path, under bounded staleness.
 
 At each step boundary (after the optimizer update of step t) the engine
-1. swaps in every result whose swap step has come: in deterministic mode a result made from
-   the statistics of step s is swapped in at a boundary fixed when it fell due, one of the
-   V = swap window boundaries s + d - V + 1 .. s + d (waiting if late): a round's blocks fill
-   them in the order the workers get them, an equal share of the swap work (the moments'
-   rotation, on the training thread) at each, so no one step carries the whole round's and a
-   block handed out early is swapped early; V = 1 swaps every block at s + d. In
-   opportunistic mode a result is swapped as soon as it is ready. Either way it waits when the
+1. swaps in every result whose swap step has come: in deterministic mode a round that fell due
+   at step s is placed on the V = swap window slots by refresh cost (refresh/schedule.py) and
+   the block in slot k is swapped in at s + L + k, L = d - V + 1, fixed when it fell due
+   (waiting if late): so no one step carries the whole round's swaps (the moments' rotation,
+   on the training thread); V = 1 swaps every block at s + d. In opportunistic mode a result is swapped as soon as it is ready. Either way it waits when the
    next step would otherwise use a basis more than S steps behind a refresh that fell due (the
    bound). A block's first refresh (its basis is the initial identity) is swapped in at the
    boundary it fell due, in either mode, as the references do: no step trains in the identity
@@ -16,12 +14,12 @@ At each step boundary (after the optimizer update of step t) the engine
    stale first, then most expensive (d = 0 swaps them at this same boundary). A snapshot copies
    nothing (the optimizer lends its tensors and writes new ones from then on); on CUDA it is
    copied to pinned host memory on a side stream that the workers wait for (refresh/host.py).
-   With `pace` on, a round's jobs are released to the workers over the next
-   W = min(d - V + 1, S, refresh interval) boundaries, an equal share of the round's cost at
-   each (so every job goes out before the round's first swap), so
-   every step carries the same background load instead of one step taking the whole burst; a job
-   still held when its swap comes is released at once. Pacing moves work in time only: results
-   and swap steps are the same;
+   With `pace` on (deterministic mode), the block in slot k is instead read and released to
+   the workers at s + k: every step carries about 1/V of the round's work instead of one step
+   taking the whole burst, and every basis is L steps old at its swap (pace off: read at s,
+   L to d steps old; the swap steps are the same). Opportunistic mode, paced, reads at s and
+   releases over min(S, refresh interval) boundaries by cost. A job still held when its swap
+   comes is read and released at once;
 3. reports staleness, queue depth, background load, failures and waits.
 
 Staleness of a block, as seen by step u, is u - s when a refresh from step s is outstanding
@@ -32,9 +30,10 @@ ceil(d / interval) refreshes in flight (each is swapped by s + d, never before t
 previous one); in opportunistic mode a
 block that falls due while its previous refresh still waits for a worker replaces it (fresher
 statistics, the older one's deadline), so no block waits for a worker twice.
-With `workers = 0` refreshes run inline at the boundary and wait for the same swap steps, so
-inline and worker runs train the same numbers; with the same d and V = 1 that is the
-optimizer's own delayed mode, bit for bit.
+With `workers = 0` refreshes run inline at their release boundary and wait for the same swap
+steps, so inline and worker runs train the same numbers (on one intra-op thread each: more
+threads round a matmul differently); with the same d and V = 1 that is the optimizer's own
+delayed mode, bit for bit.
 
 Faults: a refresh that raises or returns non-finite values keeps the previous basis and is
 counted; `failure_limit` consecutive failures of one block stop the run with `RefreshFailed`.
@@ -63,6 +62,7 @@ from asteria_core.optim.matrix_functions import basis_change
 from asteria_core.optim.seam import BlockKey, RefreshResult, checked_refresh, refresh_fn
 from asteria_core.policy import LivePolicy, Policy, Priority, SwapMode, WorkerKind
 from asteria_core.refresh.host import host_copies_for
+from asteria_core.refresh.schedule import share_out, swap_window
 from asteria_core.refresh.workers import Job, RefreshFn, make_pool
 from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.records import RefreshFigures
@@ -140,18 +140,6 @@ class Outstanding:
             self.since = self.stats_step
 
 
-def share_out(things: list, costs: list[float], slots: int) -> dict:
-    """Each of `things`, in order, to the slot with the least cost so far (the earliest on a
-    tie): about an equal share of the total in each of `slots` slots."""
-    load = [0.0] * slots
-    placed = {}
-    for thing, cost in zip(things, costs, strict=True):
-        slot = load.index(min(load))
-        load[slot] += cost
-        placed[thing] = slot
-    return placed
-
-
 class RefreshEngine:
     def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy,
                  reporter: Reporter | None = None, *, fn: RefreshFn = refresh_fn,
@@ -219,6 +207,9 @@ class RefreshEngine:
         self._mode = ""
         self.figures: RefreshFigures | None = None
         """This boundary's figures, for the step record (set by every `on_boundary`)."""
+        self._window_spec: tuple | None = None
+        self._window_v = 1
+        """V (`_window`) and the policy fields it was worked out for."""
         self._apply_policy(policy.current)
 
     # ------------------------------------------------------------------ the boundary
@@ -236,27 +227,36 @@ class RefreshEngine:
         self._swap_due(t, policy)
         self._stage_finished()
         due = self.opt.due_blocks()
-        places = self._spread_swaps(due, policy)
-        early = {key: self._early(key, t, places) for key in due}
+        slots = self._place(due, policy)
+        early = {key: self._early(key, t, slots, policy) for key in due}
         mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
+        # Paced, a block's statistics are read when its job is released (`_dispatch`), not
+        # now: its basis is then L = d - V + 1 steps old at its swap, whatever its slot.
+        later = {key: slots[key] for key in mine if policy.pace and slots.get(key)
+                 and self.opt.basis_version(key) > 0}
+        now = [key for key in mine if key not in later]
         if self._pool is None:  # inline: one snapshot at a time (a disk-homed one is a copy)
             started = []
-            for key in mine:
-                item = self._start(self.opt.snapshot(key, lend=True), t, policy, None, early)
+            for key in now:
+                item = self._start(key, self.opt.snapshot(key, lend=True), t, policy, None,
+                                   early)
                 if item.first and self.exchange is None:
                     self._swap_now(item, policy)  # and let it go: one result in memory
                 else:
                     started.append(item)
         else:
-            snapshots = [self.opt.snapshot(key, lend=True) for key in mine]
+            snapshots = [self.opt.snapshot(key, lend=True) for key in now]
             ready = None  # no copy at all on a CPU run; on CUDA, copies to the host in flight
             if self._host is not None and snapshots:
                 snapshots, ready = self._host(snapshots)
-            started = [self._start(snapshot, t, policy, ready, early)
+            started = [self._start(snapshot.key, snapshot, t, policy, ready, early)
                        for snapshot in snapshots]
+        held = [self._start(key, None, t, policy, None, early) for key in later]
         if self.exchange is not None:
-            self._exchange(due, {item.key: item for item in started}, t, early)
+            self._exchange(due, {item.key: item for item in started + held}, t, early)
         self._pace([item for item in started if item.job is not None], t, policy)
+        for item in held:
+            self._hold(item, t + later[item.key])
         self._release(t)
         self._swap_due(t, policy)  # d = 0: this boundary's own refreshes
         self._report(t, policy)
@@ -278,10 +278,7 @@ class RefreshEngine:
                 if job is None or job.started_at is not None:
                     continue
                 if item.release_step is not None:
-                    if self._pool is not None:
-                        continue  # held by pacing: goes to the new pool when released
-                    del self._held[item]
-                    item.release_step = None
+                    continue  # held by pacing: goes to the new pool (or inline) when released
                 old.abandon(job)
                 if self._pool is None:  # now inline: compute it here
                     item.job = None
@@ -298,49 +295,46 @@ class RefreshEngine:
         return -self.blocks[key].cost if policy.priority == Priority.STALE_THEN_COST else \
             self._position[key]
 
-    def _pace_window(self, policy: Policy) -> int:
-        """W: the boundaries a round's jobs are released over (1 with pace off). In
-        deterministic mode W ends before the round's first swap (s + d - V + 1)."""
-        if not policy.pace:
-            return 1
-        window = min(policy.staleness_bound, policy.refresh_interval)
-        if policy.swap_mode == SwapMode.DETERMINISTIC:
-            window = min(window, policy.delay - policy.spread + 1)
-        return max(window, 1)
+    def _window(self, policy: Policy) -> int:
+        """V: the boundaries a deterministic round is placed on (refresh/schedule.py), from
+        the policy and the blocks' costs, in queue order: the same on every rank."""
+        spec = (policy.delay, policy.swap_window, policy.refresh_interval, policy.priority)
+        if self._window_spec != spec:
+            ordered = sorted(self.blocks, key=lambda key: self._tie(key, policy))
+            self._window_spec = spec
+            self._window_v = swap_window(policy.delay, policy.swap_window,
+                                         policy.refresh_interval,
+                                         [self.blocks[k].cost for k in ordered])
+        return self._window_v
 
-    def _spread_swaps(self, due, policy: Policy) -> dict[BlockKey, int]:
-        """Deterministic mode: each due block's place in the round's swap window, as how many
-        boundaries before s + d it is swapped. The blocks go in the order the workers get
-        them (pacing's release boundary, then queue order) and fill the V boundaries in turn,
-        about 1/V of the round's swap work each: a block released early is swapped early, so
-        a worker that keeps up with the round (duty <= 1) has each block done by its swap.
-        The same on every rank and with or without workers: it depends on the blocks and the
-        policy only."""
-        spread = policy.spread
-        if policy.swap_mode != SwapMode.DETERMINISTIC or spread <= 1 or not due:
+    def _place(self, due, policy: Policy) -> dict[BlockKey, int]:
+        """Deterministic mode: each due block's slot k in 0 .. V-1, by refresh cost in queue
+        order (`share_out`): read and released at s + k when paced, swapped at
+        s + d - V + 1 + k. So a block released early is swapped early, every boundary of the
+        window carries about 1/V of the round's work and swaps, and each basis is d - V + 1
+        steps old at its swap. The same on every rank and with or without workers: it depends
+        on the blocks and the policy only."""
+        if policy.swap_mode != SwapMode.DETERMINISTIC or not due:
             return {}
+        window = self._window(policy)
+        if window <= 1:
+            return dict.fromkeys(due, 0)
         ordered = sorted(due, key=lambda key: self._tie(key, policy))
-        release = share_out(ordered, [self.blocks[k].cost for k in ordered],
-                            self._pace_window(policy))
-        ordered.sort(key=lambda key: release[key])  # stable: queue order within a boundary
-        costs = [self.blocks[k].swap_cost or self.blocks[k].cost for k in ordered]
-        total, before, early = sum(costs), 0.0, {}
-        for key, cost in zip(ordered, costs, strict=True):
-            slot = min(spread - 1, int(spread * before / total))
-            early[key] = spread - 1 - slot
-            before += cost
-        return early
+        return share_out(ordered, [self.blocks[k].cost for k in ordered], window)
 
-    def _early(self, key: BlockKey, t: int, early: dict[BlockKey, int]) -> int:
-        """`key`'s place in this round's swap window, never before the swap of its refresh
+    def _early(self, key: BlockKey, t: int, slots: dict[BlockKey, int],
+               policy: Policy) -> int:
+        """How many boundaries before s + d `key` is swapped (V - 1 - its slot), never before
+        the swap of its refresh
         still in flight (after a live change of the window, a newer round could otherwise
         place it earlier): s - early never decreases along a block's queue, so its refreshes
         are swapped in the order they fell due, here and in a checkpoint's pending list."""
+        early = self._window(policy) - 1 - slots[key] if slots else 0
         queue_ = self.outstanding[key]
         if not queue_:
-            return early.get(key, 0)
+            return early
         last = queue_[-1]
-        return min(early.get(key, 0), last.early + t - last.stats_step)
+        return min(early, last.early + t - last.stats_step)
 
     def _swap_step(self, item: Outstanding, policy: Policy) -> int:
         """The boundary at which a deterministic refresh is swapped (d read as it is now); a
@@ -349,16 +343,17 @@ class RefreshEngine:
             return item.stats_step
         return item.stats_step + max(policy.delay - item.early, 0)
 
-    def _start(self, snapshot, t: int, policy: Policy, ready,
+    def _start(self, key: BlockKey, snapshot, t: int, policy: Policy, ready,
                early: dict[BlockKey, int]) -> Outstanding:
-        key = snapshot.key
+        """A refresh of `key` fell due at t: computed now (inline), queued for the workers, or,
+        with `snapshot` None, held until its release reads the statistics (`_hold`)."""
         item = Outstanding(key, t, None, early=early.get(key, 0),
-                           first=snapshot.base_version == 0)
+                           first=self.opt.basis_version(key) == 0)
         if self._pool is not None and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             self._coalesce(item)
         job = Job(snapshot, self.opt.refresh_config(key),
                   priority=(item.since, self._tie(key, policy)), ready=ready)
-        if self._pool is None:
+        if self._pool is None and snapshot is not None:
             self._run_inline(item, job)
             if self._swap_step(item, policy) > t:  # it waits for its swap
                 self._stage(item)
@@ -449,36 +444,60 @@ class RefreshEngine:
         return item.unchanged
 
     def _pace(self, items: list[Outstanding], t: int, policy: Policy) -> None:
-        """Give this round's jobs release boundaries t .. t+W-1 with about equal cost each
-        (`share_out`, in queue order: most expensive first). First bases are swapped at this
-        boundary: their jobs go to the workers at once, together (on a data-parallel rank a
-        held one could wait behind another owner's delivery that waits for it)."""
+        """Jobs whose statistics were read at this boundary. First bases are swapped here:
+        their jobs go to the workers at once, together (on a data-parallel rank a held one could
+        wait behind another owner's delivery that waits for it), as does every job with pace
+        off. Opportunistic mode, paced: release boundaries t .. t+W-1 (W = min(S, refresh
+        interval)), about equal cost each (`share_out`, in queue order). Deterministic mode
+        holds its paced jobs unread instead (`on_boundary`)."""
         for item in items:
             if item.first:  # in the order they are swapped: results wait for it the least
                 item.job.priority = (item.since, self._position[item.key])
                 self._pool.submit(item.job)
         items = sorted((item for item in items if not item.first),
                        key=lambda item: item.job.priority)
-        slots = share_out(items, [self.blocks[item.key].cost for item in items],
-                          self._pace_window(policy))
+        window = 1
+        if policy.pace and policy.swap_mode == SwapMode.OPPORTUNISTIC:
+            window = max(1, min(policy.staleness_bound, policy.refresh_interval))
+        slots = share_out(items, [self.blocks[item.key].cost for item in items], window)
         for item in items:
-            item.release_step = t + slots[item]
-            # A worker still busy with an earlier boundary's jobs takes them before a later
-            # one's, however expensive: the order the swap window was filled in.
-            since, tie = item.job.priority
-            item.job.priority = (since, slots[item], tie)
-            self._held[item] = None
+            self._hold(item, t + slots[item])
+
+    def _hold(self, item: Outstanding, release: int) -> None:
+        """`item`'s job goes out at boundary `release` (`_release`; this one's at its end).
+        A worker still busy with an earlier boundary's jobs takes them before a later one's,
+        however expensive: the order the swap window was filled in."""
+        item.release_step = release
+        since, tie = item.job.priority
+        item.job.priority = (since, release, tie)
+        self._held[item] = None
 
     def _release(self, t: int) -> None:
         for item in [i for i in self._held if i.release_step <= t]:
-            self._submit(item)
+            self._dispatch(item)
 
-    def _submit(self, item: Outstanding) -> None:
+    def _dispatch(self, item: Outstanding) -> None:
+        """A held job goes out: its statistics are read now if they were not, then it goes to
+        the workers, or with none is computed here (and staged when its swap is later)."""
         del self._held[item]
         item.release_step = None
-        self._pool.submit(item.job)
+        job = item.job
+        if job.snapshot is None:
+            job.snapshot = self.opt.snapshot(item.key, lend=True)
+            if self._host is not None:
+                [job.snapshot], job.ready = self._host([job.snapshot])
+            job.submitted_at = time.perf_counter()
+        if self._pool is not None:
+            self._pool.submit(job)
+            return
+        item.job = None
+        self._run_inline(item, job)
+        if self._swap_step(item, self.policy.current) > self.opt.num_steps:
+            self._stage(item)
 
     def _run_inline(self, item: Outstanding, job: Job, fn: RefreshFn | None = None) -> None:
+        if job.snapshot is None:  # held unread by pacing: its statistics as they are now
+            job.snapshot = self.opt.snapshot(item.key, lend=True)
         if job.ready is not None:
             job.ready.synchronize()  # its host copy
         t0 = time.perf_counter()
@@ -512,7 +531,8 @@ class RefreshEngine:
                 item = queue_[0]
                 must = t >= self._swap_step(item, policy)
                 if policy.swap_mode == SwapMode.OPPORTUNISTIC:
-                    ready = item.job is None or item.job.done.is_set()
+                    ready = item.release_step is None and (item.job is None
+                                                           or item.job.done.is_set())
                     must = item.first or t >= item.since + policy.staleness_bound
                     if not (ready or must):
                         break
@@ -527,11 +547,11 @@ class RefreshEngine:
         if item.delivery is not None:
             self._receive(item, policy)
             return
+        if item.release_step is not None:
+            self._dispatch(item)  # still held by pacing: its swap has come
         job = item.job
         if job is None or item.staged:
             return  # computed inline, or staged: result or error is already there
-        if item.release_step is not None:
-            self._submit(item)  # still held by pacing: its swap has come
         if not job.done.is_set():
             t0 = time.perf_counter()
             with self.reporter.wait(IdleCause.REFRESH_WAIT):
@@ -671,7 +691,7 @@ class RefreshEngine:
             # in swap order, which is not the order of the queues below, and a transfer must
             # not wait for a job that only this loop would have released later.
             for item in list(self._held):
-                self._submit(item)
+                self._dispatch(item)
         for queue_ in self.outstanding.values():
             while queue_:
                 item = queue_.popleft()

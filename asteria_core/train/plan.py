@@ -11,12 +11,13 @@ and labelled). The arithmetic is the refresh engine's:
     duty(n)     = W / (n x refresh_interval x step_seconds)       (engine.background_load)
 
 Above 1 the workers cannot keep up: staleness is pinned at S and the step waits (refresh_wait).
-A round must also be done before its first swap, d - V + 1 steps after its snapshot (d = S by
-default, V the swap window, ceil(d / 2) by default), and a block is never split across workers,
-so the plan asks for the fewest workers n whose duty is at most `headroom` and whose round,
-packed largest block first onto the least loaded worker, ends within headroom x
-min(interval, d - V + 1) steps. When one block alone takes longer than that, no worker count
-helps: the plan says so and names the block size that would fit.
+A round is placed on the swap window's V boundaries by cost, each slot's blocks read at its
+boundary and swapped d - V + 1 steps later (refresh/schedule.py; d = S by default, V fitted to
+the blocks), and a block is never split across workers, so the plan asks for the fewest
+workers n whose duty is at most `headroom` and on which the busiest slot, packed largest block
+first onto the least loaded worker, ends within headroom x (d - V + 1) steps. When one block
+alone takes longer than that, no worker count helps: the plan says so and names the block size
+that would fit.
 Memory per tier is the tier store's own placement (`tiers.placement.plan`) of the state entries.
 """
 
@@ -34,7 +35,8 @@ import torch
 from asteria_core.fields import AUTO
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
-from asteria_core.policy import Policy, swap_spread
+from asteria_core.policy import Policy
+from asteria_core.refresh.schedule import share_out, swap_window
 from asteria_core.telemetry.labels import TIERS, Tier
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
@@ -121,9 +123,10 @@ class Prediction:
     no count can (a block alone outlasts the window)."""
     why_none: str = ""
     spread: int = 1
-    """V: the boundaries a round's swaps are spread over (policy.spread); the first is
-    d - V + 1 steps after the snapshot, and the round is held to it (with the default queue
-    order the most expensive block is swapped there)."""
+    """V: the boundaries a round is placed on (refresh/schedule.py's `swap_window`, as the
+    engine works it out); each slot is swapped d - V + 1 steps after it is read."""
+    slots: tuple[tuple[int, ...], ...] = ()
+    """The block sides of each of the V slots, placed as the engine places them."""
 
     @property
     def round_work_s(self) -> float:
@@ -136,13 +139,14 @@ class Prediction:
 
     @property
     def window_s(self) -> float:
-        """Training time between a round's snapshot and its first swap (that of its most
-        expensive block), which the round is held to."""
+        """Training time between a slot's read and its swap, which its refreshes are held
+        to."""
         return self.window_steps * self.step_seconds
 
     @property
     def window_steps(self) -> int:
-        return min(self.interval, self.delay - self.spread + 1)
+        """L = d - V + 1: the steps from a slot's read to its swap."""
+        return self.delay - self.spread + 1
 
     @property
     def largest_block_s(self) -> float:
@@ -181,7 +185,7 @@ def check_inputs(step_seconds: float, interval: int, bound: int, headroom: float
 
 def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
             step_seconds: float, interval: int, bound: int, delay: int | None = None,
-            spread: int | None = None, headroom: float = HEADROOM) -> Prediction:
+            spread: int | str | None = None, headroom: float = HEADROOM) -> Prediction:
     """The refresh work and worker count of blocks of sides `sizes` at `step_seconds` a step
     (pure: `cost` maps a block side to one refresh's seconds, or is a `RefreshCost`)."""
     check_inputs(step_seconds, interval, bound, headroom)
@@ -189,8 +193,14 @@ def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
     delay = bound if delay is None else delay
     groups = tuple(SizeGroup(b, n, cost.seconds(b), cost.is_estimate(b))
                    for b, n in sorted(Counter(sizes).items(), reverse=True))
+    ordered = sorted(sizes, reverse=True)  # the engine's default queue order: costliest first
+    costs = [float(b) ** 3 for b in ordered]  # the engine's cost (optimizer.refresh_blocks)
+    v = swap_window(delay, AUTO if spread is None else spread, interval, costs)
+    placed = share_out(range(len(ordered)), costs, v) if v > 1 else dict.fromkeys(
+        range(len(ordered)), 0)
+    slots = tuple(tuple(ordered[i] for i in placed if placed[i] == k) for k in range(v))
     base = Prediction(step_seconds, interval, bound, delay, headroom, groups, None,
-                      spread=swap_spread(delay, AUTO if spread is None else spread))
+                      spread=v, slots=slots)
     workers, why = _workers(base, sizes, cost)
     return dataclasses.replace(base, workers=workers, why_none=why)
 
@@ -205,12 +215,12 @@ def _workers(p: Prediction, sizes: Sequence[int], cost: RefreshCost) -> tuple[in
     if p.largest_block_s > budget:
         return None, (f"one refresh of a {max(sizes)}-wide block takes {p.largest_block_s:.3g} s, "
                       f"more than {p.headroom:.0%} of the {p.window_s:.3g} s before its swap "
-                      f"(min(interval, d - swap window + 1) = {p.window_steps} steps): the step "
+                      f"(d - swap window + 1 = {p.window_steps} steps): the step "
                       "waits whatever the workers; lower optim.precond_block_size"
                       + _fitting_block(cost, budget) + ", lower policy.swap_window, or raise S")
-    times = sorted((cost.seconds(b) for b in sizes), reverse=True)
+    slots = [sorted((cost.seconds(b) for b in slot), reverse=True) for slot in p.slots]
     n = max(1, math.ceil(p.round_work_s / (p.headroom * p.interval_train_s)))
-    while n < len(times) and _makespan(times, n) > budget:
+    while n < len(sizes) and max(_makespan(times, n) for times in slots) > budget:
         n += 1
     return n, ""
 
@@ -314,7 +324,7 @@ def plan_run(config: RunConfig, *, step_seconds: float, headroom: float = HEADRO
                                     recalibrate=recalibrate, cap=cap)
     prediction = predict(shape.sizes, cost, step_seconds=step_seconds,
                          interval=policy.refresh_interval, bound=policy.staleness_bound,
-                         delay=policy.delay, spread=policy.spread, headroom=headroom)
+                         delay=policy.delay, spread=policy.swap_window, headroom=headroom)
     return RunPlan(config, shape, prediction, mem, measured_now,
                    str(calibration or ""))
 
@@ -346,7 +356,7 @@ def predict_optimizer(opt: BlockPreconditioner, policy: Policy, *, step_seconds:
     cost, _ = shape_cost(shape, policy.worker_threads, calibration=calibration, cap=cap)
     return predict(shape.sizes, cost, step_seconds=step_seconds,
                    interval=policy.refresh_interval, bound=policy.staleness_bound,
-                   delay=policy.delay, spread=policy.spread, headroom=headroom)
+                   delay=policy.delay, spread=policy.swap_window, headroom=headroom)
 
 
 def _bytes(n: int) -> str:
@@ -363,8 +373,8 @@ def render(run: RunPlan) -> str:
         f"asteria plan: {c.optim.name}, {c.model.n_layer} x {c.model.n_embd} "
         f"({run.shape.parameters / 1e6:.1f}M parameters), max_precond_dim "
         f"{c.optim.max_precond_dim}, precond_block_size {c.optim.precond_block_size}",
-        f"refresh every {p.interval} steps, S = {p.bound} (d = {p.delay}, swaps over the last "
-        f"{p.spread} of them); "
+        f"refresh every {p.interval} steps, S = {p.bound} (d = {p.delay}; a round read over "
+        f"{p.spread} steps, each basis swapped {p.window_steps} steps after its read); "
         f"step {p.step_seconds:g} s (given): an interval is {p.interval_train_s:.3g} s of "
         "training",
         f"refresh cost: one worker with {c.policy.worker_threads} thread(s), measured on this "

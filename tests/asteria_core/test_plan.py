@@ -98,11 +98,17 @@ def test_duty_and_workers_are_the_engines_arithmetic():
     assert p.interval_train_s == pytest.approx(10.0)
     assert p.duty(1) == pytest.approx(0.5) and p.duty(2) == pytest.approx(0.25)
     assert p.workers == 1
-    # The default swap window (V = ceil(d / 2) = 5) holds the round to its first swap, d - V + 1
-    # = 6 steps after the snapshot: within 0.8 x 6 s = 4.8 s, which one worker (5 s) misses.
+    # The default ("auto") swap window fits the blocks: a 100-wide block is 24% of a round's
+    # cost, 2.35 steps of work at a refresh duty of 1, so V = 8 slots (one block each) with a
+    # lead of d - V + 1 = 3 steps from a slot's read to its swap: its one block (<= 1 s) ends
+    # within 0.8 x 3 s on one worker.
     spread = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10)
-    assert spread.spread == 5 and spread.window_s == pytest.approx(6.0)
-    assert spread.workers == 2
+    assert spread.spread == 8 and spread.window_s == pytest.approx(3.0)
+    assert sorted(len(slot) for slot in spread.slots) == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert spread.workers == 1
+    # A window the lead cannot carry: V = 10 leaves one step (0.8 s) for a 1 s block.
+    narrow = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10, spread=10)
+    assert narrow.workers is None and "swap_window" in narrow.why_none
     # Throughput: 5 worker-s per 3 s interval at duty <= 0.8 needs ceil(5 / 2.4) = 3 workers,
     # whose round (2 s) ends within 0.8 x 3 s.
     assert predict(sizes, cost, step_seconds=3.0, interval=1, bound=1).workers == 3

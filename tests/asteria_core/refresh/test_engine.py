@@ -1,3 +1,4 @@
+import math
 import threading
 
 import pytest
@@ -7,7 +8,6 @@ from torch import nn
 from asteria_core.optim import SOAP, KLShampoo
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine, RefreshFailed
-from asteria_core.refresh.engine import share_out
 from tests.asteria_core.refresh.faults import RELEASE_HANGS, FaultyRefresh, SlowRefresh
 
 STEPS = 24
@@ -220,50 +220,84 @@ def test_workers_resize_mid_run_without_losing_work_and_shutdown_joins_all():
                 if t.name.startswith("refresh-")]
 
 
-@pytest.mark.parametrize("delay", [4, "auto"])  # "auto" (the default) is d = S = 4
-def test_pacing_spreads_a_round_by_cost_and_changes_no_number(delay):
-    """With pace on, a round's jobs go to the workers over W = min(d - V + 1, S, interval)
-    boundaries (V: the swap window), about 1/W of the round's cost at each (the first round,
-    swapped in at once, all at once); the trained parameters are the same bit for bit."""
-    interval = 4
-    window = 4 - Policy(staleness_bound=4, swap_delay=delay).spread + 1
+def _ages(opt, engine, model, batches):
+    """Train; per swap after the first bases, (swap step, the step its statistics were read)."""
+    ages = []
+
+    def boundary(step):
+        before = {key: opt.basis_version(key) for key in engine.blocks}
+        engine.on_boundary(step)
+        ages.extend((step, opt.basis_step(key)) for key in engine.blocks
+                    if opt.basis_version(key) != before[key] and before[key] > 0)
+
+    try:
+        return _train(model, opt, batches, boundary), ages
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("window", [3, "auto"])
+def test_pacing_reads_each_block_at_its_release_and_keeps_the_swap_steps(window):
+    """With pace on, a round's jobs go to the workers over the V boundaries of the swap window,
+    about 1/V of the round's cost at each (the first round, swapped in at once, all at once),
+    and each block's statistics are read when its job goes out: every basis is d - V + 1
+    steps old at its swap. Off, the round is read at once when it falls due (older bases).
+    The swap steps are the same either way."""
+    interval = delay = 4
     runs = {}
     for pace in (True, False):
         model, batches = _problem(5)
         opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=interval)
-        policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=interval,
-                                   swap_delay=delay, workers=1, pace=pace))
+        policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=delay,
+                                   swap_window=window, workers=1, pace=pace))
         engine = RefreshEngine(opt, policy)
-        held = []  # per round: (its step, {release step: cost held back for it})
+        v = engine._window(policy.current)
+        params, ages = _ages(opt, engine, model, batches)
+        runs[pace] = params, [at for at, _ in ages]
+        assert ages, "no refresh was swapped in"
+        lead = delay - v + 1
+        if pace:
+            assert v > 1
+            assert {at - step for at, step in ages} == {lead}  # every basis L steps old
+        else:
+            assert max(at - step for at, step in ages) == delay  # slot V - 1: d steps old
+    assert runs[True][1] == runs[False][1]  # the same swap steps, block by block
+    assert not all(torch.equal(a, b) for a, b in zip(runs[True][0], runs[False][0],
+                                                     strict=True))
 
-        def boundary(step, engine=engine, opt=opt, held=held):
-            due = bool(opt.due_blocks())
-            engine.on_boundary(step)
-            if not due:
-                return
+
+def test_paced_jobs_go_out_over_the_swap_window_by_cost():
+    interval = delay = 4
+    model, batches = _problem(5)
+    opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=interval)
+    engine = RefreshEngine(opt, LivePolicy(Policy(refresh_interval=interval,
+                                                  staleness_bound=delay, swap_window=3,
+                                                  workers=1)))
+    held = []  # per round: (its step, {release step: cost held back for it})
+
+    def boundary(step):
+        due = bool(opt.due_blocks())
+        engine.on_boundary(step)
+        if due:
             slots = {}
             for item in engine._held:
                 slots[item.release_step] = (slots.get(item.release_step, 0)
                                             + engine.blocks[item.key].cost)
             held.append((step, slots))
 
-        try:
-            runs[pace] = _train(model, opt, batches, boundary)
-        finally:
-            engine.close()
-        if not pace:
-            assert all(not slots for _, slots in held)
-            continue
-        total = sum(b.cost for b in engine.blocks.values())
-        biggest = max(b.cost for b in engine.blocks.values())
-        assert len(held) >= 4, "too few refresh rounds"
-        assert held[0] == (1, {})  # first bases: every job out at once
-        for step, slots in held[1:]:
-            # Slot 0 went out at once; the rest wait for boundaries step+1 .. step+W-1.
-            assert set(slots) <= set(range(step + 1, step + window))
-            assert all(cost <= total / window + biggest for cost in slots.values())
-            assert sum(slots.values()) >= total * (window - 1) / window - biggest
-    assert all(torch.equal(a, b) for a, b in zip(runs[True], runs[False], strict=True))
+    try:
+        _train(model, opt, batches, boundary)
+    finally:
+        engine.close()
+    total = sum(b.cost for b in engine.blocks.values())
+    biggest = max(b.cost for b in engine.blocks.values())
+    assert len(held) >= 4, "too few refresh rounds"
+    assert held[0] == (1, {})  # first bases: every job out at once
+    for step, slots in held[1:]:
+        # Slot 0 went out at once; the rest wait for boundaries step+1 .. step+V-1.
+        assert set(slots) == {step + 1, step + 2}
+        assert all(cost <= total / 3 + biggest for cost in slots.values())
+        assert sum(slots.values()) >= total * 2 / 3 - biggest
 
 
 def _swap_steps(opt, engine, batches, model):
@@ -288,11 +322,11 @@ def _swap_steps(opt, engine, batches, model):
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_a_rounds_swaps_are_spread_over_the_swap_window_by_swap_cost(workers):
+def test_a_rounds_swaps_are_spread_over_the_swap_window_by_cost(workers):
     """Deterministic mode with d = 4 and a swap window V = 2: each block of a round is swapped
     at s + 3 or s + 4, never later than s + d, both boundaries take about half of the round's
-    swap work, and the same blocks go to the same boundary in every round and with or without
-    workers. The first round (its first bases) is swapped in at once."""
+    refresh cost, and the same blocks go to the same boundary in every round and with or
+    without workers. The first round (its first bases) is swapped in at once."""
     interval, delay, spread = 5, 4, 2
     model, batches = _problem(7)
     opt = _soap(model)
@@ -311,9 +345,9 @@ def test_a_rounds_swaps_are_spread_over_the_swap_window_by_swap_cost(workers):
         offsets = {at - s for at, s in zip(steps[1:], due[1:], strict=False)}
         assert len(offsets) == 1 and offsets <= {delay - 1, delay}, (key, steps, due)
         lead[key] = offsets.pop()
-    work = {d: sum(blocks[k].swap_cost for k, at in lead.items() if at == d)
+    work = {d: sum(blocks[k].cost for k, at in lead.items() if at == d)
             for d in (delay - 1, delay)}
-    total, biggest = sum(work.values()), max(b.swap_cost for b in blocks.values())
+    total, biggest = sum(work.values()), max(b.cost for b in blocks.values())
     assert all(w > 0 and w <= total / spread + biggest for w in work.values()), work
 
 
@@ -324,7 +358,7 @@ def test_spread_swaps_train_the_same_numbers_inline_and_on_workers():
         opt = _soap(model)
         engine = RefreshEngine(opt, LivePolicy(Policy(
             refresh_interval=3, staleness_bound=4, swap_delay=4, workers=workers)))
-        assert engine.policy.current.spread == 2  # "auto": ceil(d / 2)
+        assert engine._window(engine.policy.current) > 1  # "auto", fitted to the blocks
         runs[workers] = _swap_steps(opt, engine, batches, model)
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
@@ -370,29 +404,39 @@ def test_a_block_never_swaps_a_newer_refresh_before_an_older_one():
 
 
 def test_blocks_handed_out_first_are_swapped_first():
-    """The swap window follows pacing's order: a block released at an earlier boundary is never
-    swapped after one released later (a worker that keeps up has each block done by its swap),
-    and each of the V boundaries takes about 1/V of the round's swap work."""
+    """The swap window follows pacing's order: the block in slot k of V is released at s + k and
+    swapped at s + d - V + 1 + k (a worker that keeps up has each block done by its swap), and
+    each boundary takes about 1/V of the round's refresh cost. "auto" fits V to the blocks:
+    the widest whose lead d - V + 1 covers the busiest slot at a refresh duty of 1."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(n, m) for n, m in [(24, 40), (40, 8), (8, 32), (32, 16)]])
     opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=10)
-    policy = Policy(refresh_interval=10, staleness_bound=10, workers=1)  # d = 10, V = 5, W = 6
+    policy = Policy(refresh_interval=10, staleness_bound=10, workers=1)  # d = 10, V auto
     engine = RefreshEngine(opt, LivePolicy(policy))
     try:
         blocks = engine.blocks
         due = list(blocks)
-        early = engine._spread_swaps(due, policy)
-        ordered = sorted(due, key=lambda key: engine._tie(key, policy))
-        release = share_out(ordered, [blocks[k].cost for k in ordered],
-                            engine._pace_window(policy))
+        slots = engine._place(due, policy)
+        early = {key: engine._early(key, 1, slots, policy) for key in due}
+        v = engine._window(policy)
     finally:
         engine.close()
-    assert policy.spread == 5 and engine._pace_window(policy) == 6
-    assert set(release.values()) == set(range(6))
-    for a in due:
-        for b in due:
-            if release[a] < release[b]:
-                assert early[a] >= early[b], (a, b)  # swapped no later than b
-    work = [sum(blocks[k].swap_cost for k in due if early[k] == e) for e in range(5)]
-    total, biggest = sum(work), max(b.swap_cost for b in blocks.values())
-    assert all(0 < w <= total / 5 + biggest for w in work), work
+    costs = sorted((b.cost for b in blocks.values()), reverse=True)
+    total = sum(costs)
+    lead = 10 - v + 1
+    assert 1 < v <= 10
+    peak = max(sum(blocks[k].cost for k in due if slots[k] == s) for s in range(v))
+    assert lead >= math.ceil(peak * 10 / total - 1e-9)  # the lead covers the busiest slot
+    if v < 10:  # and one slot more would not have
+        wider = Policy(refresh_interval=10, staleness_bound=10, swap_window=v + 1, workers=1)
+        engine = RefreshEngine(opt, LivePolicy(wider))
+        try:
+            wide = engine._place(due, wider)
+        finally:
+            engine.close()
+        peak = max(sum(blocks[k].cost for k in due if wide[k] == s) for s in range(v + 1))
+        assert lead - 1 < math.ceil(peak * 10 / total - 1e-9)
+    for key in due:
+        assert early[key] == v - 1 - slots[key]  # swapped at s + lead + slot
+    work = [sum(blocks[k].cost for k in due if slots[k] == s) for s in range(v)]
+    assert all(w <= total / v + costs[0] for w in work), work

@@ -1,0 +1,61 @@
+"""Where a deterministic refresh round goes in time: its blocks on V boundaries, by cost.
+
+A round that falls due at step s is shared out over V slots by refresh cost (`share_out`, in
+queue order). A block in slot k has its statistics read (with pace on) and its job handed to
+the workers at s + k, and its basis swapped in at s + L + k, L = d - V + 1 steps later: every
+block's basis is L steps old when it is swapped in, every boundary carries about 1/V of the
+round's work, and the last swap comes at s + d. `swap_window` picks V: the operator's number,
+or "auto", the widest window whose lead L still covers a slot's work (docs/architecture.md,
+"The swap schedule").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+from asteria_core.fields import AUTO
+
+MAX_AUTO_WINDOW = 256
+""""auto" looks at most this many boundaries wide (a round rarely needs more slots to be even,
+and the search stays cheap at any refresh interval)."""
+
+
+def share_out(things: Sequence, costs: Sequence[float], slots: int) -> dict:
+    """Each of `things`, in order, to the slot with the least cost so far (the earliest on a
+    tie): about an equal share of the total in each of `slots` slots."""
+    heap = [(0.0, slot) for slot in range(slots)]
+    placed = {}
+    for thing, cost in zip(things, costs, strict=True):
+        load, slot = heapq.heappop(heap)
+        placed[thing] = slot
+        heapq.heappush(heap, (load + cost, slot))
+    return placed
+
+
+def _peak(costs: Sequence[float], slots: int) -> float:
+    """The busiest slot's cost once `costs` are shared out over `slots`."""
+    load = [0.0] * slots
+    for thing, slot in share_out(range(len(costs)), costs, slots).items():
+        load[slot] += costs[thing]
+    return max(load)
+
+
+def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[float]) -> int:
+    """V for swap delay d = `delay`: `window` (at most d, at least 1); "auto", the widest
+    V <= min(d, interval) whose lead L = d - V + 1 is at least the steps its busiest slot takes
+    at a refresh duty of 1, that is from workers that do one round (`costs`, each block's
+    refresh cost, in queue order) per refresh interval: ceil(peak x interval / total).
+    Many blocks of like cost give L = 1 or 2 (the freshest bases the work allows); one block
+    that is most of the round gives a long lead, since its refresh alone takes that long."""
+    if window != AUTO:
+        return max(1, min(window, delay))
+    widest = max(1, min(delay, interval, MAX_AUTO_WINDOW))
+    total = sum(costs)
+    if total <= 0:
+        return widest
+    for v in range(widest, 0, -1):
+        if delay - v + 1 >= math.ceil(_peak(costs, v) * interval / total - 1e-9):
+            return v
+    return 1
