@@ -51,7 +51,8 @@ def main() -> None:
     trainer.close()
     reached = reach(curve, TARGET)
     at = {c["step"]: round(c["val_loss"], 4) for c in curve}
-    print(json.dumps({"name": name, "overrides": overrides, "ramp": RAMP or None, "swap_window": window,
+    print(json.dumps({"name": name, "overrides": overrides, "ramp": RAMP or None,
+                      "swap_window": window,
                       "steps_to_target": reached and round(reached["step"], 1),
                       "val_loss_200": at.get(200), "val_loss_last": at[curve[-1]["step"]],
                       "seconds": round(time.perf_counter() - t0)}))

@@ -135,10 +135,13 @@ def staleness(b: pd.DataFrame, marks: pd.DataFrame, history: list, policy: dict[
         bound = series.bound_by_step(history, policy["staleness_bound"], b["step"])
     data = b.assign(bound=bound)
     left, right = st.columns(2)
-    title = "staleness max vs bound (dashed)"
-    _show(left, charts.lines(series.long(data, ["staleness_max"]), "step", title=title,
+    # The refresh latency against its lead (d - swap window + 1): above it the step waits.
+    solid = [c for c in ("staleness_max", "refresh latency p90") if c in data]
+    dashed = [c for c in ("bound", "lead") if c in data]
+    title = "staleness max and refresh latency vs bound and lead (dashed)"
+    _show(left, charts.lines(series.long(data, solid), "step", title=title,
                              y_title="steps", marks=marks,
-                             step_lines=series.long(data, ["bound"])), title, marks)
+                             step_lines=series.long(data, dashed)), title, marks)
     with right:
         if distribution.empty:
             st.caption("Staleness distribution: no step has reported staleness and its bound.")

@@ -26,6 +26,8 @@ SCALARS = {
     ("refresh", "staleness_bound"): "staleness_bound",
     ("refresh", "queue_depth"): "queue_depth",
     ("refresh", "background_load"): "background_load",
+    ("refresh", "swap_lead"): "lead",
+    ("refresh", "refresh_latency_steps"): "refresh latency p90",
     ("refresh", "workers_busy_ratio"): "workers_busy",
     ("timing", "device_busy_ratio"): "busy_ratio",
 }

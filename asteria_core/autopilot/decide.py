@@ -13,8 +13,10 @@ In order, the first rule that has something to do wins:
    steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
    disk -> host, or a larger budget on the faster tier;
-4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`):
-   an earlier swap (d below S: no extra work, but a refresh's latency must fit d);
+4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`)
+   and has set the swap window: an earlier swap (d below S: no extra work, but a refresh's
+   latency must fit d). The "auto" window already swaps each basis as soon after its read as
+   the blocks' work allows (refresh/schedule.py): a smaller d would only narrow the pacing;
 5. with much room (duty under 0.3, 0.5 for the energy objective): one worker fewer, if the rest
    stay under 0.8;
 6. time objective with `freshen`, much room: a shorter refresh interval while the duty it
@@ -211,7 +213,7 @@ def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
 def _early_swap(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                 held: Held) -> dict[str, Any] | None:
     if not config.freshen or s.duty is None or s.duty >= EARLY_SWAP_DUTY \
-            or s.refresh_wait > BEHIND_WAIT / 4:
+            or s.refresh_wait > BEHIND_WAIT / 4 or policy["swap_window"] == AUTO:
         return None
     delay = _delay(policy)
     # A model, not a measurement: a round's work is due within min(d, interval) steps, so d

@@ -5,11 +5,12 @@ At each step boundary (after the optimizer update of step t) the engine
    at step s is placed on the V = swap window slots by refresh cost (refresh/schedule.py) and
    the block in slot k is swapped in at s + L + k, L = d - V + 1, fixed when it fell due
    (waiting if late): so no one step carries the whole round's swaps (the moments' rotation,
-   on the training thread); V = 1 swaps every block at s + d. In opportunistic mode a result is swapped as soon as it is ready. Either way it waits when the
-   next step would otherwise use a basis more than S steps behind a refresh that fell due (the
-   bound). A block's first refresh (its basis is the initial identity) is swapped in at the
-   boundary it fell due, in either mode, as the references do: no step trains in the identity
-   basis (measured: delaying it by d = 5 cost 0.09 eval loss at 500 steps, docs/architecture.md);
+   on the training thread); V = 1 swaps every block at s + d. In opportunistic mode a result
+   is swapped as soon as it is ready. Either way it waits when the next step would otherwise
+   use a basis more than S steps behind a refresh that fell due (the bound). A block's first
+   refresh (its basis is the initial identity) is swapped in at the boundary it fell due, in
+   either mode, as the references do: no step trains in the identity basis (measured: delaying
+   it by d = 5 cost 0.09 eval loss at 500 steps, docs/architecture.md);
 2. snapshots the blocks whose refresh fell due at step t and queues them for the workers, most
    stale first, then most expensive (d = 0 swaps them at this same boundary). A snapshot copies
    nothing (the optimizer lends its tensors and writes new ones from then on); on CUDA it is
@@ -47,8 +48,10 @@ compute it again on the training thread while the worker thread runs on.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -70,6 +73,10 @@ from asteria_core.telemetry.reporter import NullReporter, Reporter
 
 log = logging.getLogger(__name__)
 HANG_FACTOR = 4
+LATENCY_SAMPLES = 64
+"""Refreshes the latency figure is taken over (`RefreshFigures.refresh_latency_steps`)."""
+LATENCY_HORIZON = 4096
+"""Boundaries whose start times are kept to place a result's finish (older: "now")."""
 """A running refresh is hung after this many times its allowance (see the module docstring)."""
 
 
@@ -134,6 +141,8 @@ class Outstanding:
     early: int = 0
     """Deterministic mode: how many boundaries before stats_step + d it is swapped (its place
     in the round's swap window)."""
+    released: int | None = None
+    """The boundary its job went to the workers at (for its latency in steps)."""
 
     def __post_init__(self) -> None:
         if self.since < 0:
@@ -207,6 +216,11 @@ class RefreshEngine:
         self._mode = ""
         self.figures: RefreshFigures | None = None
         """This boundary's figures, for the step record (set by every `on_boundary`)."""
+        self._boundary_times: deque[float] = deque(maxlen=LATENCY_HORIZON)
+        self._boundary_steps: deque[int] = deque(maxlen=LATENCY_HORIZON)
+        """When each of the last boundaries began (perf_counter) and its step."""
+        self._latencies: deque[int] = deque(maxlen=LATENCY_SAMPLES)
+        """Steps from release to ready of this rank's last refreshes on workers."""
         self._window_spec: tuple | None = None
         self._window_v = 1
         """V (`_window`) and the policy fields it was worked out for."""
@@ -224,6 +238,8 @@ class RefreshEngine:
         policy = self.policy.current
         self._apply_policy(policy)
         t = self.opt.num_steps
+        self._boundary_times.append(now)
+        self._boundary_steps.append(t)
         self._swap_due(t, policy)
         self._stage_finished()
         due = self.opt.due_blocks()
@@ -374,6 +390,7 @@ class RefreshEngine:
             self._barely_moved(item, job.result)
             item.result, item.error = job.result, job.error
             self._took(item.key, job.seconds)
+            self._ready(item, job)
             job.result = None
         item.staged = True
         if item.result is not None:
@@ -453,6 +470,7 @@ class RefreshEngine:
         for item in items:
             if item.first:  # in the order they are swapped: results wait for it the least
                 item.job.priority = (item.since, self._position[item.key])
+                item.released = t
                 self._pool.submit(item.job)
         items = sorted((item for item in items if not item.first),
                        key=lambda item: item.job.priority)
@@ -488,6 +506,7 @@ class RefreshEngine:
                 [job.snapshot], job.ready = self._host([job.snapshot])
             job.submitted_at = time.perf_counter()
         if self._pool is not None:
+            item.released = self.opt.num_steps
             self._pool.submit(job)
             return
         item.job = None
@@ -567,6 +586,24 @@ class RefreshEngine:
                 return
         item.result, item.error = job.result, job.error
         self._took(item.key, job.seconds)
+        self._ready(item, job)
+
+    def _ready(self, item: Outstanding, job: Job) -> None:
+        """A worker's result is taken: how many boundaries after its release it was ready for
+        (the first that began after it finished; this one when the step waited for it)."""
+        if item.released is None or job.finished_at is None:
+            return
+        at = bisect.bisect_right(self._boundary_times, job.finished_at)
+        ready = self._boundary_steps[at] if at < len(self._boundary_steps) \
+            else self.opt.num_steps
+        self._latencies.append(max(ready - item.released, 0))
+
+    def latency_steps(self) -> int | None:
+        """90th percentile of `_latencies` (nearest rank), None before any."""
+        if not self._latencies:
+            return None
+        ordered = sorted(self._latencies)
+        return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)]
 
     def _await(self, job: Job, key: BlockKey, policy: Policy) -> bool:
         """Wait for `job` at the bound: `refresh_timeout_ms`, or, once a worker runs it, until
@@ -670,7 +707,10 @@ class RefreshEngine:
             staleness_max=max(stale, default=0), staleness_bound=policy.staleness_bound,
             queue_depth=depth, background_load=load, workers_busy_ratio=busy,
             failures=self.failures, inline_fallbacks=self.inline_fallbacks,
-            worker_deaths=sum(p.deaths for p in (self._pool, *self._retired) if p is not None))
+            worker_deaths=sum(p.deaths for p in (self._pool, *self._retired) if p is not None),
+            swap_lead=(policy.delay - self._window(policy) + 1
+                       if policy.swap_mode == SwapMode.DETERMINISTIC else None),
+            refresh_latency_steps=self.latency_steps())
 
     def _all_outstanding(self):
         for queue_ in self.outstanding.values():

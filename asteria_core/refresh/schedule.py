@@ -45,17 +45,19 @@ def _peak(costs: Sequence[float], slots: int) -> float:
 def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[float]) -> int:
     """V for swap delay d = `delay`: `window` (at most d, at least 1); "auto", the widest
     V <= min(d, interval) whose lead L = d - V + 1 is at least the steps its busiest slot takes
-    at a refresh duty of 1, that is from workers that do one round (`costs`, each block's
-    refresh cost, in queue order) per refresh interval: ceil(peak x interval / total).
-    Many blocks of like cost give L = 1 or 2 (the freshest bases the work allows); one block
-    that is most of the round gives a long lead, since its refresh alone takes that long."""
+    on the slowest workers the bound allows, those that do one round (`costs`, each block's
+    refresh cost, in queue order) in min(d, interval) steps: ceil(peak x min(d, interval) /
+    total). Many blocks of like cost give L = 1 or 2 (the freshest bases the work allows); a
+    few blocks that are most of the round give a longer lead, since each alone takes that
+    long."""
     if window != AUTO:
         return max(1, min(window, delay))
     widest = max(1, min(delay, interval, MAX_AUTO_WINDOW))
     total = sum(costs)
     if total <= 0:
         return widest
+    span = min(delay, interval)  # the steps a round may take: it is swapped in by s + d
     for v in range(widest, 0, -1):
-        if delay - v + 1 >= math.ceil(_peak(costs, v) * interval / total - 1e-9):
+        if delay - v + 1 >= math.ceil(_peak(costs, v) * span / total - 1e-9):
             return v
     return 1

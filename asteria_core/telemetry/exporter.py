@@ -58,6 +58,13 @@ RECORD_GAUGES: dict[str, tuple[str, Read]] = {
         "run started.", lambda r: r.tiers and r.tiers.prefetch_hit_ratio),
     "asteria_policy_staleness_bound_steps": ("Staleness bound S of the live policy, in steps.",
                                              lambda r: r.refresh and r.refresh.staleness_bound),
+    "asteria_refresh_lead_steps": (
+        "Steps from a block's read to its swap (d - swap window + 1), deterministic mode.",
+        lambda r: r.refresh and r.refresh.swap_lead),
+    "asteria_refresh_latency_steps": (
+        "90th percentile over the last 64 refreshes of the steps from a job's release until "
+        "its result was ready; above the lead the step waits for it.",
+        lambda r: r.refresh and r.refresh.refresh_latency_steps),
     "asteria_refresh_background_load": (
         "Refresh work per interval divided by worker capacity; above 1 the workers cannot keep "
         "up and staleness climbs to the bound.", lambda r: r.refresh and r.refresh.background_load),

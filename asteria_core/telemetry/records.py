@@ -49,6 +49,13 @@ class RefreshFigures:
     """Refreshes meant for a worker that ran on the training thread so far."""
     worker_deaths: int = 0
     """Worker processes that died unasked so far (each replaced at once, its job requeued)."""
+    swap_lead: int | None = None
+    """L = d - V + 1: steps from a block's read to its swap, its basis's age when swapped in
+    (deterministic mode; None in opportunistic mode or inline with d = 0)."""
+    refresh_latency_steps: int | None = None
+    """90th percentile, over this rank's last 64 refreshes on workers, of the steps from a
+    job's release until its result was ready (1: ready for the next boundary). Above
+    swap_lead the step waits for it (refresh_wait). None before any."""
 
 
 @dataclass(slots=True)

@@ -99,9 +99,9 @@ def test_duty_and_workers_are_the_engines_arithmetic():
     assert p.duty(1) == pytest.approx(0.5) and p.duty(2) == pytest.approx(0.25)
     assert p.workers == 1
     # The default ("auto") swap window fits the blocks: a 100-wide block is 24% of a round's
-    # cost, 2.35 steps of work at a refresh duty of 1, so V = 8 slots (one block each) with a
-    # lead of d - V + 1 = 3 steps from a slot's read to its swap: its one block (<= 1 s) ends
-    # within 0.8 x 3 s on one worker.
+    # cost, 2.35 steps of work on workers that do a round in min(d, interval) = 10 steps, so
+    # V = 8 slots (one block each) with a lead of d - V + 1 = 3 steps from a slot's read to its
+    # swap: its one block (<= 1 s) ends within 0.8 x 3 s on one worker.
     spread = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10)
     assert spread.spread == 8 and spread.window_s == pytest.approx(3.0)
     assert sorted(len(slot) for slot in spread.slots) == [0, 0, 1, 1, 1, 1, 1, 1]
@@ -112,13 +112,19 @@ def test_duty_and_workers_are_the_engines_arithmetic():
     # Throughput: 5 worker-s per 3 s interval at duty <= 0.8 needs ceil(5 / 2.4) = 3 workers,
     # whose round (2 s) ends within 0.8 x 3 s.
     assert predict(sizes, cost, step_seconds=3.0, interval=1, bound=1).workers == 3
-    # The swap comes d = 2 steps (2 s) after the snapshot: a round packed on n workers must
-    # end within 0.8 x 2 s = 1.6 s. Three workers carry 2 s; four carry 1.5 s.
-    tight = predict(sizes, cost, step_seconds=1.0, interval=10, bound=2)
+    # A window of 1: the swap comes d = 2 steps (2 s) after the read: a round packed on n
+    # workers must end within 0.8 x 2 s = 1.6 s. Three workers carry 2 s; four carry 1.5 s.
+    tight = predict(sizes, cost, step_seconds=1.0, interval=10, bound=2, spread=1)
     assert tight.duty(1) == pytest.approx(0.5)
     assert tight.workers == 4
+    # "auto" at d = 2 fits the blocks to workers that do a round in 2 steps: V = 2 halves of
+    # the round, each swapped one step after its read, which 1 s blocks miss at 0.8 x 1 s: the
+    # plan says so (a narrower window, or S)
+    fitted = predict(sizes, cost, step_seconds=1.0, interval=10, bound=2)
+    assert fitted.spread == 2 and fitted.workers is None and "swap_window" in fitted.why_none
     # One block alone outlasts the window: no count helps, and the plan says what would.
-    slow = predict(sizes, {100: 3.0, 50: 0.5}, step_seconds=1.0, interval=10, bound=2)
+    slow = predict(sizes, {100: 3.0, 50: 0.5}, step_seconds=1.0, interval=10, bound=2,
+                   spread=1)
     assert slow.workers is None and "precond_block_size" in slow.why_none
     assert predict(sizes, cost, step_seconds=1.0, interval=10, bound=2, delay=0).workers is None
 

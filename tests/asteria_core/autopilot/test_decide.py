@@ -141,9 +141,13 @@ def test_state_on_disk_comes_nearer_in_one_move_the_bounds_allow():
 def test_spare_room_swaps_earlier_then_drops_a_worker():
     assert decide(run(range(1, 41), duty=0.2), policy(workers=2), [], CONFIG).changes == \
         {"workers": 1}  # fresher bases only when asked for
+    # the "auto" swap window already swaps each basis as early as the blocks allow
     d = decide(run(range(1, 41), duty=0.2), policy(workers=2), [], FRESHEN)
+    assert d.changes == {"workers": 1}
+    d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_window=5), [], FRESHEN)
     assert d.changes == {"swap_delay": 3}  # ceil(10 x 0.2 / 0.8): fresher bases first
-    d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_delay=1), [], FRESHEN)
+    d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_delay=1, swap_window=5), [],
+               FRESHEN)
     assert d.changes == {"workers": 1}  # 0.2 x 2 / 1 = 0.4 stays under 0.8
 
 

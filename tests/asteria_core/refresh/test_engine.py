@@ -109,6 +109,12 @@ def test_slow_worker_staleness_stays_within_bound_and_waits_only_at_swap_steps()
     # first bases are swapped in at once.
     assert due_at[0] == 1
     assert waited_at == [1] + [s + delay for s in due_at[1:] if s + delay <= STEPS]
+    # The record says why: each refresh was ready only at its swap, L = d - V + 1 steps after
+    # its release (the first bases, awaited where they went out, at 0: under the 90th
+    # percentile).
+    lead = delay - engine._window(policy.current) + 1
+    assert engine.figures.swap_lead == lead
+    assert engine.figures.refresh_latency_steps == lead
 
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
@@ -407,7 +413,8 @@ def test_blocks_handed_out_first_are_swapped_first():
     """The swap window follows pacing's order: the block in slot k of V is released at s + k and
     swapped at s + d - V + 1 + k (a worker that keeps up has each block done by its swap), and
     each boundary takes about 1/V of the round's refresh cost. "auto" fits V to the blocks:
-    the widest whose lead d - V + 1 covers the busiest slot at a refresh duty of 1."""
+    the widest whose lead d - V + 1 covers the busiest slot on workers that do a round in
+    min(d, interval) steps."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(n, m) for n, m in [(24, 40), (40, 8), (8, 32), (32, 16)]])
     opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=10)
