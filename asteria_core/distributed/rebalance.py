@@ -10,7 +10,9 @@ same new owner map from the same numbers (`rebalanced_owners`, a pure function) 
 shortens the slowest rank's expected round by at least `min_gain`, applies it at that boundary:
 for each block that changes owner, in key order on every rank, the old owner sends its factor
 statistics to the new one (one point-to-point transfer), which keeps updating them from the next
-step on; the old owner drops its copy. Refreshes already in flight finish on their old owner
+step on; the old owner drops its copy. A map waits (every rank alike) until each refresh due on
+a moving block has read its statistics, at most a swap window after it fell due (pacing reads
+a block when its job goes out). Refreshes already in flight finish on their old owner
 (a transfer names its owner when posted), so every version still arrives, swapped in at its
 step on every rank: replicas stay identical and staleness stays within S through a move. A rank
 that recovers gets its blocks back the same way.
@@ -75,10 +77,17 @@ class Rebalancer:
 
     def __init__(self, optimizer: BlockPreconditioner, exchange: VersionExchange,
                  speed: Callable[[], tuple[float, float]], reporter: Reporter,
-                 every_steps: Callable[[], int], min_gain: float = MIN_GAIN) -> None:
+                 every_steps: Callable[[], int], min_gain: float = MIN_GAIN,
+                 can_move: Callable[[set[BlockKey]], bool] | None = None) -> None:
         """`speed`: (seconds, cost) of every refresh this rank computed so far;
-        `every_steps`: the steps between two shares of speeds (read at each boundary)."""
+        `every_steps`: the steps between two shares of speeds (read at each boundary);
+        `can_move`: whether these blocks' statistics may change hands now, the same answer on
+        every rank (the refresh engine's `reads_done`: a refresh due on the old owner reads
+        them at its release, up to a swap window later). A new owner map waits for it."""
         self.opt, self.exchange, self.speed = optimizer, exchange, speed
+        self.can_move = can_move
+        self._waiting: dict[BlockKey, int] | None = None
+        """A new owner map waiting for its blocks' statistics to be read (`can_move`)."""
         self.reporter, self.every_steps, self.min_gain = reporter, every_steps, min_gain
         self.rank, self.world = exchange.topology.rank, exchange.topology.world
         self.blocks = optimizer.refresh_blocks()
@@ -117,7 +126,12 @@ class Rebalancer:
                            for g, old in zip(gathered, self._rates, strict=True)]
             owners = rebalanced_owners(self.blocks, self.exchange.owners, self._rates,
                                        self.min_gain)
-            if owners is not self.exchange.owners:
+            self._waiting = owners if owners is not self.exchange.owners else None
+        if self._waiting is not None:
+            owners = self._waiting
+            leaving = {k for k in owners if owners[k] != self.exchange.owners[k]}
+            if self.can_move is None or self.can_move(leaving):
+                self._waiting = None
                 self._move(owners, step)
         self._since += 1
         if self._since >= max(1, self.every_steps()):

@@ -143,6 +143,9 @@ class Outstanding:
     in the round's swap window)."""
     released: int | None = None
     """The boundary its job went to the workers at (for its latency in steps)."""
+    read_step: int = 0
+    """The boundary its statistics are read at on the owner (pacing: its slot's), recorded on
+    every rank."""
 
     def __post_init__(self) -> None:
         if self.since < 0:
@@ -248,8 +251,9 @@ class RefreshEngine:
         mine = due if self.exchange is None else [k for k in due if self.exchange.owns(k)]
         # Paced, a block's statistics are read when its job is released (`_dispatch`), not
         # now: its basis is then L = d - V + 1 steps old at its swap, whatever its slot.
-        later = {key: slots[key] for key in mine if policy.pace and slots.get(key)
+        reads = {key: t + slots[key] for key in due if policy.pace and slots.get(key)
                  and self.opt.basis_version(key) > 0}
+        later = {key: read - t for key, read in reads.items() if key in mine}
         now = [key for key in mine if key not in later]
         if self._pool is None:  # inline: one snapshot at a time (a disk-homed one is a copy)
             started = []
@@ -270,6 +274,10 @@ class RefreshEngine:
         held = [self._start(key, None, t, policy, None, early) for key in later]
         if self.exchange is not None:
             self._exchange(due, {item.key: item for item in started + held}, t, early)
+        for key in due:
+            for item in self.outstanding[key]:
+                if item.stats_step == t:
+                    item.read_step = reads.get(key, t)
         self._pace([item for item in started if item.job is not None], t, policy)
         for item in held:
             self._hold(item, t + later[item.key])
@@ -490,6 +498,18 @@ class RefreshEngine:
         item.job.priority = (since, release, tie)
         self._held[item] = None
 
+    def reads_done(self, keys: set[BlockKey]) -> bool:
+        """Whether every refresh of `keys` that fell due has read its statistics by now (the
+        same answer on every rank: read steps follow from the blocks and the policy), so
+        their factors may move to another rank (distributed/rebalance.py)."""
+        t = self.opt.num_steps
+        return not any(item.read_step > t for key in keys for item in self.outstanding[key])
+
+    def _read(self, job: Job, key: BlockKey) -> None:
+        job.snapshot = self.opt.snapshot(key, lend=True)
+        if self._host is not None:
+            [job.snapshot], job.ready = self._host([job.snapshot])
+
     def _release(self, t: int) -> None:
         for item in [i for i in self._held if i.release_step <= t]:
             self._dispatch(item)
@@ -501,10 +521,8 @@ class RefreshEngine:
         item.release_step = None
         job = item.job
         if job.snapshot is None:
-            job.snapshot = self.opt.snapshot(item.key, lend=True)
-            if self._host is not None:
-                [job.snapshot], job.ready = self._host([job.snapshot])
-            job.submitted_at = time.perf_counter()
+            self._read(job, item.key)
+        job.submitted_at = time.perf_counter()
         if self._pool is not None:
             item.released = self.opt.num_steps
             self._pool.submit(job)

@@ -120,7 +120,8 @@ class Runtime:
                 self.data_parallel.rebalancer = Rebalancer(
                     optimizer, self.exchange,
                     lambda: (engine.computed_seconds, engine.computed_cost), self.reporter,
-                    lambda: rounds * self.policy.current.refresh_interval)
+                    lambda: rounds * self.policy.current.refresh_interval,
+                    can_move=engine.reads_done)
         self._listeners: list[Listener] = []
         self.autopilot: Autopilot | None = None
         """Tunes the policy from the records (off unless configured or turned on mid-run)."""
