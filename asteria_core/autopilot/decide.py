@@ -25,7 +25,9 @@ Hysteresis: a change aims at a duty of 0.8, and the rules that add work only act
 0.3, the rules that remove it above 1.05, so a change does not call for its own undoing; nor
 does the autopilot turn a field back the way it moved it within `hold` steps (only the quality
 guard may). A decision reads `settle` steps after the last change, then `window` records, and
-at least two refresh rounds, under the policy in force; `spacing` steps lie between changes.
+at least two refresh rounds, under the policy in force; when the step waits 10% of its time or
+more (for refreshes, a slower tier or another rank), half the window, at least one round, is
+enough: every step of a long look costs that much. `spacing` steps lie between changes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ TIER_WAIT = 0.05  # share of step time waited for a slower tier
 SYNC_WAIT = 0.05  # share of step time waited for another rank (ranks drift a little anyway)
 EARLY_SWAP_DUTY = 0.5
 SPARE_DUTY = {Objective.TIME: 0.3, Objective.ENERGY: 0.5}
+URGENT_WAIT = 0.1  # share of step time waited (any cause) that is read over a shorter window
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,19 @@ def _tuning(change: Mapping[str, Any]) -> bool:
     return change["client"] == AUTOPILOT and not str(change.get("reason", "")).startswith(UNDO)
 
 
-def window_size(policy: Mapping[str, Any], config: AutopilotConfig) -> int:
+def window_size(policy: Mapping[str, Any], config: AutopilotConfig,
+                urgent: bool = False) -> int:
     """Records a decision reads: `window`, and at least two refresh rounds (a duty or a wait
-    read over less than a round says more about where the window fell than about the work)."""
-    return max(config.window, 2 * int(policy["refresh_interval"]))
+    read over less than a round says more about where the window fell than about the work).
+    `urgent` (the step waits URGENT_WAIT of its time or more): half of it, at least a round."""
+    interval = int(policy["refresh_interval"])
+    if urgent:
+        return max(config.window // 2, interval, 5)
+    return max(config.window, 2 * interval)
+
+
+def _urgent(s: Signals) -> bool:
+    return max(s.refresh_wait, s.transfer_wait, s.sync_wait) >= URGENT_WAIT
 
 
 @dataclass(frozen=True)
@@ -268,8 +280,10 @@ def decide(records: Sequence[Record], policy: Mapping[str, Any],
     under = [r for r in records if r.get("policy_version") == version
              and r["step"] >= since + config.settle]
     size = window_size(policy, config)
-    if len(under) < size:
-        return None
+    if len(under) < size:  # a severe wait need not wait for the whole window
+        size = window_size(policy, config, urgent=True)
+        if len(under) < size or not _urgent(read(under[-size:])):
+            return None
     signals = read(under[-size:])
     held = held_fields(history, now, config, holds)
     for rule in RULES:

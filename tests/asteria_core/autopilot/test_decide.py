@@ -60,6 +60,17 @@ def test_too_few_records_no_change():
     assert decide(run(range(1, 20), duty=2.0), policy(), [], CONFIG) is None
 
 
+def test_a_severe_wait_is_read_over_half_the_window_a_mild_one_over_all_of_it():
+    """Steps waiting 20% of their time: 10 records (half the window, one round) decide; at 5%
+    the whole window is read first."""
+    severe = decide(run(range(1, 16), refresh_wait=0.02), policy(), [], CONFIG)
+    assert severe.changes == {"workers": 2} and "over 10 steps" in severe.reason
+    assert decide(run(range(1, 14), refresh_wait=0.02), policy(), [], CONFIG) is None
+    assert decide(run(range(1, 16), refresh_wait=0.005), policy(), [], CONFIG) is None
+    mild = decide(run(range(1, 26), refresh_wait=0.005), policy(), [], CONFIG)
+    assert mild.changes == {"workers": 2} and "over 20 steps" in mild.reason
+
+
 def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     decision = decide(run(range(1, 41), duty=1.6), policy(), [], CONFIG)
     assert decision.changes == {"workers": 2}  # ceil(1 x 1.6 / 0.8)
