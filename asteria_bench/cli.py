@@ -19,6 +19,7 @@ from asteria_bench.options import BenchOptions
 from asteria_bench.suites import SUITES, load
 
 DEFAULT_OUT = Path("docs/benchmarks")
+MIN_SEEDS, MAX_SEEDS = 1, 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing; render the report and README from --out's JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--seeds", type=int, metavar="N",
+                        help=f"seeds per configuration in the suites that run seeds "
+                             f"(distributed: 3 unless set), {MIN_SEEDS} to {MAX_SEEDS}")
 
 
 def _peers_installed() -> bool:
@@ -71,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     if not names and not args.report_only:
         print("asteria bench: name a SUITE (or all), or --report-only", file=sys.stderr)
         return 2
+    if args.seeds is not None and not MIN_SEEDS <= args.seeds <= MAX_SEEDS:
+        print(f"asteria bench: --seeds: got {args.seeds}; allowed: {MIN_SEEDS} to {MAX_SEEDS}",
+              file=sys.stderr)
+        return 2
     if args.corpus and not Path(args.corpus).is_file():
         print(f"asteria bench: --corpus: {args.corpus!r} is not a file", file=sys.stderr)
         return 2
@@ -89,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                                             else args.suites)
     opts = BenchOptions(quick=args.quick, out_dir=out_dir, corpus=args.corpus,
                         device=args.device, peers=peers, command=command,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, seeds=args.seeds)
     t0 = time.perf_counter()
     for i, name in enumerate([] if args.report_only else names, 1):
         print(f"[{i}/{len(names)}] {name}: {load(name).TITLE}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """One rank of the `distributed` suite's runs (launched by torch.distributed.run with
-`-m asteria_bench.ddp_rank`): a GPT trained with DDP and either Asteria's runtime attached or
-Meta's Distributed Shampoo (its source on the path, unmodified); writes <out>/rank<r>.json with
-its measured figures.
+`-m asteria_bench.ddp_rank`): a GPT trained with DDP (or FSDP2, `--fsdp`) and either Asteria's
+runtime attached or Meta's Distributed Shampoo (its source on the path, unmodified); writes
+<out>/rank<r>.json with its measured figures.
 
 Bytes follow one convention (docs/architecture.md, "One byte convention"): logical payload
 bytes of every collective the optimizer posts, sent (payload x receivers) plus received, per
@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import asteria_core as asteria
+from asteria_bench.slower_host import SlowerHost
 from asteria_core.autopilot import AutopilotConfig
 from asteria_core.optim.base import local_shard
 from asteria_core.train.config import ModelConfig
@@ -76,30 +77,50 @@ def state_bytes(state, seen: set | None = None) -> int:
 
 def distributed_shampoo(model: torch.nn.Module, args) -> torch.optim.Optimizer:
     """Distributed Shampoo in its eigenvalue-corrected (SOAP-like) configuration, QR refresh
-    every `interval` steps, no grafting, DDP distributor (each rank computes the search
-    directions of its blocks and all-gathers them every step) in the chosen exchange dtype."""
+    every `interval` steps, no grafting. Under DDP its DDP distributor (each rank computes the
+    search directions of its blocks and all-gathers them every step) in the chosen exchange
+    dtype; under FSDP2 its fully-shard distributor (each rank preconditions its own dim-0
+    shards, nothing travels)."""
     import distributed_shampoo as ds  # on the path as the suite found it; never vendored
 
+    if args.fsdp:
+        distributed_config = ds.FullyShardDistributedConfig(
+            target_parameter_dimensionality=math.inf)
+    else:
+        distributed_config = ds.DDPDistributedConfig(
+            communication_dtype=EXCHANGE_DTYPES[args.exchange_dtype],
+            num_trainers_per_group=-1, communicate_params=False,
+            target_parameter_dimensionality=math.inf)
     return ds.DistributedShampoo(
         model.parameters(), lr=LR, betas=(0.95, 0.95), epsilon=1e-8, weight_decay=0.0,
         max_preconditioner_dim=10000, precondition_frequency=args.interval,
         start_preconditioning_step=args.interval, grafting_config=None,
         preconditioner_config=ds.EigenvalueCorrectedShampooPreconditionerConfig(
             amortized_computation_config=ds.QREigendecompositionConfig()),
-        distributed_config=ds.DDPDistributedConfig(
-            communication_dtype=EXCHANGE_DTYPES[args.exchange_dtype],
-            num_trainers_per_group=-1, communicate_params=False,
-            target_parameter_dimensionality=math.inf))
+        distributed_config=distributed_config)
 
 
 def gathered_bytes_per_step(opt: torch.optim.Optimizer, world: int) -> int:
     """Distributed Shampoo's one all-gather per parameter group and step, counted as ours are:
-    each rank sends its (W - 1) / W share to the others and receives theirs."""
+    each rank sends its (W - 1) / W share to the others and receives theirs (its fully-shard
+    distributor gathers nothing)."""
     total = 0
     for group_state in opt._per_group_state_lists:  # its distributor owns the gather buffer
-        buffer = group_state["distributor"]._global_dist_buffer
+        buffer = getattr(group_state["distributor"], "_global_dist_buffer", None)
+        if buffer is None:
+            continue
         total += buffer.numel() * buffer.element_size()
     return 2 * total * (world - 1) // world
+
+
+def shard(model: GPT) -> torch.nn.Module:
+    """FSDP2 as examples/ddp_loop.py does it: each transformer block a unit of its own, the rest
+    (the tied embedding included) the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
 
 
 def main() -> None:
@@ -132,6 +153,12 @@ def main() -> None:
     cli.add_argument("--n-layer", type=int, default=2)
     cli.add_argument("--n-embd", type=int, default=128)
     cli.add_argument("--block-size", type=int, default=64)
+    cli.add_argument("--slower", type=float, default=1.0,
+                     help="refreshes emulated this many times slower (slower_host.py)")
+    cli.add_argument("--slower-rank", type=int, default=None,
+                     help="only this rank's refreshes are slower (default: every rank's)")
+    cli.add_argument("--fsdp", action="store_true",
+                     help="shard the model with FSDP2 (fully_shard) instead of DDP")
     cli.add_argument("--autopilot", action="store_true",
                      help="the autopilot applies its changes (the autopilot suite's settings)")
     args = cli.parse_args()
@@ -145,7 +172,7 @@ def main() -> None:
         os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     torch.manual_seed(args.seed)
     model = GPT(model_config)
-    net = DistributedDataParallel(model)
+    net = shard(model) if args.fsdp else DistributedDataParallel(model)
     runtime, records = None, []
     if args.optimizer == DISTRIBUTED_SHAMPOO:
         opt = distributed_shampoo(model, args)
@@ -156,6 +183,8 @@ def main() -> None:
         extra = {"coherence_threshold": args.coherence} if args.coherence else {}
         if args.pack_factors:
             extra["pack_factors"] = True
+        if args.slower > 1 and args.slower_rank in (None, rank):
+            extra["refresh_fn"] = SlowerHost(args.slower)
         opt = asteria.optimizer(model, args.optimizer, lr=LR, policy=policy,
                                 telemetry=asteria.TelemetryConfig(nvml=False, rapl=False),
                                 distributed_state=args.state, update_dtype=args.update_dtype,

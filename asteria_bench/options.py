@@ -16,6 +16,7 @@ class BenchOptions:
     peers: bool            # run the peers' optimizers (the `peers` extra) where a suite has them
     command: str           # the command line, as the report prints it
     progress: bool = True  # a bar per configuration
+    seeds: int | None = None  # seeds per configuration where a suite runs seeds (None: its own)
 
     def pick(self, quick: Any, full: Any) -> Any:
         """A size that depends on --quick."""

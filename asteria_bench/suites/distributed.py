@@ -15,7 +15,10 @@ second-order run. Configurations:
   every rank waiting for it there (workers 0, swap delay 0: the same bytes, all waited for);
 - Asteria SOAP S=5 with sharded state (distributed/sharded.py): each rank keeps and updates only
   its own parameters' state (factors packed to their upper triangle, as Distributed Shampoo
-  keeps them) and sends the updates every step, exact or rounded to bf16.
+  keeps them) and sends the updates every step, exact or rounded to bf16;
+- FSDP2 (`fully_shard`, one seed): Distributed Shampoo's fully-shard distributor against
+  Asteria SOAP S=5, each rank preconditioning its own dim-0 shards (no basis and no search
+  direction travels in either).
 
 Bytes: one convention for all (docs/architecture.md, "One byte convention"): logical bytes sent
 plus received per rank per step, every collective the optimizer posts counted (Asteria: bases,
@@ -23,7 +26,8 @@ headers, the policy sync; Distributed Shampoo: its all-gather), after the first 
 first bases, a one-off, are reported apart). State: every tensor of the optimizer's state on a
 rank. Each seed runs every configuration once, in turn (drift falls on all alike); timings are
 medians over seeds, eval losses means, and each S's loss gap to the synchronous exchange is the
-mean of its per-seed differences. Absolute times on a few cores shared by up to 4 ranks (each
+mean of its per-seed differences (`asteria bench distributed --seeds N`: N seeds instead of
+3; the FSDP2 and 4-rank rows run one). Absolute times on a few cores shared by up to 4 ranks (each
 with a refresh worker) are not what a cluster sees; compare within a world size. --quick runs
 2 ranks, fewer configurations and steps, one seed.
 """
@@ -37,7 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from asteria_bench.options import BenchOptions, progress
@@ -75,6 +79,8 @@ DS_BF16 = "Distributed Shampoo, bf16 exchange"
 SYNC = "Asteria synchronous (inline refresh, broadcast at the refresh step)"
 SHARDED = "Asteria SOAP S=5, sharded state, exact updates"
 SHARDED_BF16 = "Asteria SOAP S=5, sharded state, bf16 updates"
+FSDP_DS = "FSDP2: Distributed Shampoo, fully-shard distributor"
+FSDP_SOAP = "FSDP2: Asteria SOAP S=5"
 SHARDED_ARGS = ["--bound", "5", "--state", "sharded", "--pack-factors"]
 DS_ARGS = ["--optimizer", "distributed_shampoo", "--exchange-dtype"]
 # (world, label, short label for the plot, rank arguments, in the quick set, seeds: all | 1)
@@ -88,6 +94,8 @@ CONFIGS = [
     (2, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], True, True),
     (2, SHARDED, "sharded\nexact", [*SHARDED_ARGS], True, True),
     (2, SHARDED_BF16, "sharded\nbf16", [*SHARDED_ARGS, "--update-dtype", "bf16"], False, True),
+    (2, FSDP_DS, "FSDP2\nDS", ["--optimizer", "distributed_shampoo", "--fsdp"], True, False),
+    (2, FSDP_SOAP, "FSDP2\nS=5", ["--bound", "5", "--fsdp"], True, False),
     (4, ADAMW, "AdamW", ["--optimizer", "adamw"], False, False),
     (4, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], False, False),
     (4, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, False),
@@ -189,6 +197,8 @@ def merge(runs: list[dict]) -> dict:
 
 def run(opts: BenchOptions) -> SuiteResult:
     sizes = opts.pick(QUICK, FULL)
+    if opts.seeds is not None:  # `asteria bench --seeds N`
+        sizes = replace(sizes, seeds=opts.seeds)
     env = reference_env()
     chosen = configs(sizes, with_reference=env is not None)
     result = SuiteResult("distributed", TITLE, opts.quick, opts.command,
@@ -227,6 +237,16 @@ def loss_gap(row: dict, sync: dict) -> float:
     """Mean over seeds of the row's eval loss minus the synchronous exchange's, seed by seed."""
     return statistics.fmean(a - b for a, b in zip(row["eval_loss_runs"],
                                                   sync["eval_loss_runs"], strict=True))
+
+
+def _first_three(row: dict, sync: dict) -> str:
+    """With more than the default 3 seeds, the gap over the first 3 alone (the default run's)."""
+    if len(row["seeds"]) <= FULL.seeds:
+        return ""
+    n = FULL.seeds
+    first = statistics.fmean(a - b for a, b in zip(row["eval_loss_runs"][:n],
+                                                   sync["eval_loss_runs"][:n], strict=True))
+    return f" ({first:+.4f} over the first {n} seeds alone)"
 
 
 def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
@@ -282,9 +302,6 @@ def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
             result.quote("bytes_vs_distributed_shampoo_2", round(ratio, 4),
                          "at 2 ranks its bytes per step per rank are {value:.2f}x Distributed "
                          "Shampoo's fp32 all-gather (sent + received, every collective)")
-            result.quote("state_vs_distributed_shampoo_2", round(state, 4),
-                         "its optimizer state per rank is {value:.2f}x Distributed Shampoo's "
-                         "(replicated bases and moments)")
     if sync:
         for s in (1, 3, 5):
             row = find(rows, world, f"Asteria SOAP S={s}")
@@ -295,12 +312,25 @@ def findings(result: SuiteResult, rows: list[dict], world: int) -> None:
                     f"exchange (mean of {len(row['seeds'])} seeds' differences: "
                     + ", ".join(f"{a - b:+.4f}" for a, b in zip(
                         row["eval_loss_runs"], sync["eval_loss_runs"], strict=True))
-                    + f"), waiting {row['sync_wait_ms_per_step']:.2f} ms per step for other "
+                    + ")" + _first_three(row, sync)
+                    + f", waiting {row['sync_wait_ms_per_step']:.2f} ms per step for other "
                       f"ranks' bases against {sync['sync_wait_ms_per_step']:.2f} ms.")
                 if world == 2 and s == 5:
                     result.quote("loss_gap_s5_2", round(gap, 4),
                                  "S = 5 ends {value:+.3f} eval loss from the synchronous "
                                  "exchange at 2 ranks (mean over seeds)")
+    fsdp, fsdp_ds = find(rows, world, FSDP_SOAP), find(rows, world, FSDP_DS)
+    if fsdp and fsdp_ds:
+        state = max(fsdp["state_bytes_per_rank"]) / max(fsdp_ds["state_bytes_per_rank"])
+        result.findings.append(
+            f"Under FSDP2 at {world} ranks each rank preconditions its own shards: Asteria "
+            f"(S = 5) moves {fsdp['bytes_per_step_per_rank']:,.0f} bytes per step per rank "
+            f"(the policy header), Distributed Shampoo's fully-shard distributor "
+            f"{fsdp_ds['bytes_per_step_per_rank']:,.0f}; Asteria keeps {state:.2f}x its "
+            f"optimizer state on the largest rank ({_kib(fsdp['state_bytes_per_rank'])} against "
+            f"{_kib(fsdp_ds['state_bytes_per_rank'])} KiB); step p50 {fsdp['step_ms']:.1f} "
+            f"against {fsdp_ds['step_ms']:.1f} ms; eval loss {fsdp['eval_loss']:.4f} against "
+            f"{fsdp_ds['eval_loss']:.4f} ({len(fsdp['seeds'])} seed).")
     sharded = find(rows, world, SHARDED)
     if sharded and ds:
         ratio, state = against(sharded, ds)

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from asteria_core.optim.registry import OPTIMIZERS, spec_of
+from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
-from asteria_core.runtime.config import RuntimeConfig
+from asteria_core.runtime.config import RefreshFn, RuntimeConfig
 from asteria_core.runtime.runtime import Runtime
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.reporter import RunReporter
@@ -49,7 +50,8 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
               run_id: str | None = None, run_dir: str | Path | None = None,
               records: str | Path | None = None, coherence_threshold: float = 0.0,
               distributed_state: str = "replicated", update_dtype: str = "exact",
-              rebalance_rounds: int = 0, **options: Any) -> torch.optim.Optimizer:
+              rebalance_rounds: int = 0, refresh_fn: RefreshFn = default_refresh_fn,
+              **options: Any) -> torch.optim.Optimizer:
     """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
 
     `model` is the module being trained (its forward tells the runtime when a step starts, its
@@ -58,7 +60,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
     class's own default) applies to matrices only when a module is given. See `RuntimeConfig` for
     `telemetry`, `reporter`, `run_id`, `run_dir`, `records`, `coherence_threshold`,
-    `distributed_state`, `update_dtype` and `rebalance_rounds`.
+    `distributed_state`, `update_dtype`, `rebalance_rounds` and `refresh_fn`.
     """
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
     is_module = isinstance(model, torch.nn.Module)
@@ -74,5 +76,5 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
                                  optimizer_name=name, coherence_threshold=coherence_threshold,
                                  distributed_state=distributed_state,
                                  update_dtype=update_dtype,
-                                 rebalance_rounds=rebalance_rounds))
+                                 rebalance_rounds=rebalance_rounds, refresh_fn=refresh_fn))
     return opt

@@ -39,6 +39,8 @@ def bench_here(*args: str) -> int:
     ((), "name a SUITE"),
     (("fastest",), "SUITE: got 'fastest'; allowed: optimizers, critical-path"),
     (("optimizers", "--corpus", "/nonexistent/corpus.txt"), "--corpus: '/nonexistent"),
+    (("distributed", "--seeds", "0"), "--seeds: got 0; allowed: 1 to 20"),
+    (("distributed", "--seeds", "21"), "--seeds: got 21; allowed: 1 to 20"),
 ])
 def test_bad_arguments_stop_before_anything_runs_naming_what_is_wrong(capsys, args, message):
     assert bench_here(*args) == 2

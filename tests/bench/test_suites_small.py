@@ -147,17 +147,26 @@ def test_distributed_suite_runs_real_torchrun_jobs(tmp_path, monkeypatch):
             assert all(finite_positive(t) for t in rank["step_seconds"])
             assert math.isfinite(rank["eval_loss"]) and set(rank["eval_at"]) == {"4"}
             assert rank["state_bytes"] > 0
-        # One byte convention: every optimizer collective counted, AdamW's policy header too.
-        assert r["bytes_per_step_per_rank"] >= HEADER_BYTES
+        # One byte convention: every optimizer collective counted, AdamW's policy header too;
+        # Distributed Shampoo's fully-shard distributor posts none.
+        if r["label"] == distributed.FSDP_DS:
+            assert r["bytes_per_step_per_rank"] == 0
+        else:
+            assert r["bytes_per_step_per_rank"] >= HEADER_BYTES
         if "SOAP" in r["label"] or "synchronous" in r["label"]:
             assert r["bytes_per_round_per_rank"] > r["bytes_per_step_per_rank"] > 0
             assert r["first_round_bytes_per_rank"] > 0
     (table,) = data["tables"]
     assert len(table["rows"]) == len(chosen)
+    assert distributed.FSDP_SOAP in labels  # FSDP2: each rank its own shards' state
+    fsdp = next(r for r in data["runs"] if r["label"] == distributed.FSDP_SOAP)
+    replicated = next(r for r in data["runs"] if r["label"] == "Asteria SOAP S=5")
+    assert max(fsdp["state_bytes_per_rank"]) < min(replicated["state_bytes_per_rank"])
     assert "loss_gap_s5_2" in data["headline"]
     if reference:
-        assert {"bytes_vs_distributed_shampoo_2", "state_vs_distributed_shampoo_2"} <= \
-            set(data["headline"])
+        assert {"bytes_vs_distributed_shampoo_2", "sharded_state_vs_distributed_shampoo_2"} \
+            <= set(data["headline"])
+        assert any("fully-shard distributor" in f for f in data["findings"])
 
 
 @pytest.mark.multiproc
