@@ -14,9 +14,11 @@ Each scenario trains its configurations on the same model, seed and batches, in 
   for the reads; the operator lets the autopilot raise the budgets to 8W / 16W and bring the
   state to the host.
 - (d) two ranks, one slowed: torchrun with 2 ranks on gloo, each pinned with its refresh worker
-  to a CPU of its own, S = 2 (as `asteria bench straggler`), a busy loop on rank 1's CPU for
-  the whole run; rank 0 decides, from its own records, where rank 1's late refreshes show as
-  sync_wait. These jobs run one after another, not in turns (one process group each).
+  to a CPU of its own, S = 2 (as `asteria bench straggler`), rank 1's refreshes emulated
+  SLOWER["d"] x slower (its host slower than rank 0's; a slowed rank's compute, which no policy
+  field fixes, is the straggler suite's); rank 0 decides, from its own records, where rank 1's
+  late bases show as sync_wait. These jobs run one after another, not in turns (one process
+  group each).
 
 Configurations: the scenario's starting policy kept static, the autopilot (mode apply) from it,
 and a small grid of static policies searched offline, i.e. run beside them. The target loss is
@@ -45,7 +47,7 @@ from asteria_bench.results import SuiteResult
 from asteria_bench.slower_host import SlowerHost
 from asteria_bench.suites import distributed
 from asteria_bench.suites.scale_memory import state_plan
-from asteria_bench.suites.straggler import Sizes, hog
+from asteria_bench.suites.straggler import Sizes
 from asteria_bench.turns import (
     HOST_CPU,
     SOAP,
@@ -66,7 +68,7 @@ MODEL = {"quick": ["--model.n_embd", "128", "--model.n_head", "4", "--model.n_la
 STEPS = {"quick": 30, "full": 200}
 PILOT = {"quick": {"window": 8, "settle": 2, "spacing": 10, "guard_steps": 8},
          "full": {"window": 20, "settle": 10, "spacing": 40}}
-SLOWER = {"a": 6.0, "b": 3.0, "c": 1.0}
+SLOWER = {"a": 6.0, "b": 3.0, "c": 1.0, "d": 6.0}
 """How many times its measured time a refresh takes (1: as measured; see the docstring)."""
 QUALITY = 0.02
 """The final loss a configuration may end above the best and still count (issue 28)."""
@@ -166,17 +168,16 @@ def _run_scenario(sc: Scenario, opts: BenchOptions, tmp: Path) -> dict[str, Any]
 
 RANKS = {"quick": Sizes(steps=20, interval=5, repeats=1),
          "full": Sizes(steps=160, interval=10, repeats=1, n_embd=256)}
-RANK_ARGS = ["--bound", "2", "--pin"]
+RANK_ARGS = ["--bound", "2", "--pin", "--slower-rank", "1", "--slower", str(SLOWER["d"])]
 RANK_GRID = {"quick": [],
-             "full": [("interval 20", ["--interval", "20"]), ("interval 40", ["--interval", "40"]),
-                      ("S 4", ["--bound", "4"])]}
+             "full": [("interval 20", ["--interval", "20"]), ("S 4", ["--bound", "4"]),
+                      ("2 workers", ["--workers", "2"])]}
 
 
 def _ranks_scenario(opts: BenchOptions) -> dict[str, Any]:
-    """(d): each configuration one torchrun job of 2 ranks with rank 1's CPU hogged."""
+    """(d): each configuration one torchrun job of 2 ranks, rank 1's refreshes slower."""
     sizes = opts.pick(RANKS["quick"], RANKS["full"])
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    if len(os.sched_getaffinity(0)) < 2:
         raise RuntimeError("scenario d needs 2 CPUs (one per rank)")
     start = f"default (interval {sizes.interval}, S 2, 1 worker)"
     configs = [(start, []), (f"{AUTOPILOT} (from {start})", ["--autopilot"]),
@@ -184,10 +185,10 @@ def _ranks_scenario(opts: BenchOptions) -> dict[str, Any]:
                                                                          RANK_GRID["full"])]]
     runs = []
     for label, args in configs:
-        with hog(cpus[1]):
-            ranks = distributed.launch(2, sizes, [*RANK_ARGS, *args], 0, None)
+        ranks = distributed.launch(2, sizes, [*RANK_ARGS, *args], 0, None)
         runs.append(_rank_zero_run(label, ranks, sizes.interval))
-    return _judged({"name": "d: two ranks, one slowed", "steps": sizes.steps, "slower": 1.0,
+    return _judged({"name": "d: two ranks, one slowed", "steps": sizes.steps,
+                    "slower": SLOWER["d"],
                     "autopilot": AutopilotConfig(mode="apply", window=20, settle=10,
                                                  spacing=40).to_dict(), "runs": runs})
 
