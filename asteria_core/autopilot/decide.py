@@ -279,12 +279,13 @@ def decide(records: Sequence[Record], policy: Mapping[str, Any],
     version = records[-1].get("policy_version")
     under = [r for r in records if r.get("policy_version") == version
              and r["step"] >= since + config.settle]
-    size = window_size(policy, config)
-    if len(under) < size:  # a severe wait need not wait for the whole window
-        size = window_size(policy, config, urgent=True)
-        if len(under) < size or not _urgent(read(under[-size:])):
-            return None
-    signals = read(under[-size:])
+    full, short = window_size(policy, config), window_size(policy, config, urgent=True)
+    if len(under) >= full:
+        signals = read(under[-full:])
+    elif len(under) >= short and _urgent(early := read(under[-short:])):
+        signals = early  # a severe wait need not wait for the whole window
+    else:
+        return None
     held = held_fields(history, now, config, holds)
     for rule in RULES:
         if changes := rule(signals, policy, config, held):
