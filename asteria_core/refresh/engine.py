@@ -52,6 +52,7 @@ import bisect
 import dataclasses
 import logging
 import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -75,6 +76,9 @@ log = logging.getLogger(__name__)
 HANG_FACTOR = 4
 LATENCY_SAMPLES = 64
 """Refreshes the latency figure is taken over (`RefreshFigures.refresh_latency_steps`)."""
+STEP_SAMPLES = 32
+"""Boundary intervals the step time (`step_seconds`, the duty's denominator) is the median of:
+robust to the odd long one (an evaluation, a checkpoint, a paused benchmark turn)."""
 LATENCY_HORIZON = 4096
 """Boundaries whose start times are kept to place a result's finish (older: "now")."""
 """A running refresh is hung after this many times its allowance (see the module docstring)."""
@@ -215,7 +219,7 @@ class RefreshEngine:
         self._held: dict[Outstanding, None] = {}
         """Jobs pacing holds back, in order (a dict: dropping one costs O(1), not a scan)."""
         self._last_boundary: float | None = None
-        self._step_seconds = 0.0
+        self._step_walls: deque[float] = deque(maxlen=STEP_SAMPLES)
         self._mode = ""
         self.figures: RefreshFigures | None = None
         """This boundary's figures, for the step record (set by every `on_boundary`)."""
@@ -234,9 +238,7 @@ class RefreshEngine:
         """Run at the boundary after the optimizer update of `step` (optimizer.num_steps)."""
         now = time.perf_counter()
         if self._last_boundary is not None:
-            wall = now - self._last_boundary
-            self._step_seconds = wall if not self._step_seconds else \
-                0.9 * self._step_seconds + 0.1 * wall
+            self._step_walls.append(now - self._last_boundary)
         self._last_boundary = now
         policy = self.policy.current
         self._apply_policy(policy)
@@ -701,12 +703,17 @@ class RefreshEngine:
         """Staleness each block will have in step t + 1 (the next step)."""
         return {k: (t + 1 - q[0].since) if q else 0 for k, q in self.outstanding.items()}
 
+    @property
+    def step_seconds(self) -> float:
+        """Median wall time between the last STEP_SAMPLES boundaries (0 before two)."""
+        return statistics.median(self._step_walls) if self._step_walls else 0.0
+
     def background_load(self, policy: Policy) -> float | None:
         """Refresh work per interval / worker capacity; above 1 the workers cannot keep up."""
-        if policy.workers == 0 or not self._step_seconds or not self._refresh_seconds:
+        step = self.step_seconds
+        if policy.workers == 0 or not step or not self._refresh_seconds:
             return None
-        work = self._round_seconds
-        return work / (policy.workers * policy.refresh_interval * self._step_seconds)
+        return self._round_seconds / (policy.workers * policy.refresh_interval * step)
 
     def _report(self, t: int, policy: Policy) -> None:
         stale = list(self.staleness(t).values())

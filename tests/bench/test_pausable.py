@@ -1,5 +1,7 @@
 """The round-robin suites' pausable refresh engine: pausing between turns changes timing only."""
 
+import time
+
 import torch
 
 from asteria_bench.pausable import PausableRefresh
@@ -42,3 +44,37 @@ def test_deferred_releases_go_out_when_deferral_ends_and_change_no_number():
         engine.close()
     assert held_over, "no release was ever deferred"
     assert all(torch.equal(a, b) for a, b in zip(params, reference, strict=True))
+
+
+def test_the_pause_between_turns_is_no_part_of_the_step_time():
+    """The refresh duty divides a round's work by the step time: a turn's first step must not
+    count the other runs' turns (a pause ten steps long read as one step made the duty of
+    every run in turns several times too small)."""
+    model, batches = _problem(7)
+    opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=4)
+    engine = PausableRefresh(opt, LivePolicy(Policy(refresh_interval=4, staleness_bound=4,
+                                                    workers=1)))
+    bounds = []
+
+    def boundary(step):
+        if step == 5:  # a turn ends after step 5 and the next one starts after a pause
+            before_last = time.perf_counter()  # at or before the boundary of step 5 began
+            engine.on_boundary(step)
+            engine.wait_released()
+            paused = time.perf_counter()  # at or after the pause began
+            time.sleep(0.5)
+            resumed = time.perf_counter()  # at or before the pause ended
+            engine.defer_releases(False)
+            bounds.append((paused - before_last, resumed))
+            return
+        engine.on_boundary(step)
+        if step == 6:
+            before, resumed = bounds[0]
+            # the wall recorded for step 6: at most the turn's own time on both sides
+            assert engine._step_walls[-1] <= before + (time.perf_counter() - resumed)
+
+    try:
+        _train(model, opt, batches[:8], boundary)
+    finally:
+        engine.close()
+    assert bounds, "the pause never happened"
