@@ -23,7 +23,8 @@ class Objective(StrEnum):
     ENERGY = "energy"  # energy per token: the same, with no more workers than the work needs
 
 
-ACTIONS = ("staleness_bound", "refresh_interval", "swap_delay", "workers", "worker_kind",
+ACTIONS = ("staleness_bound", "refresh_interval", "swap_delay", "swap_window", "workers",
+           "worker_kind",
            "device_budget_bytes", "host_budget_bytes", "offload_mode")
 """The policy fields the autopilot may move, each only within `AutopilotConfig.bounds`."""
 assert set(ACTIONS) <= set(FIELDS)
@@ -34,9 +35,11 @@ DEFAULT_BOUNDS: dict[str, Any] = {
     "refresh_interval": (5, 100),
     "staleness_bound": (1, 20),
     "swap_delay": (1, 20),
+    "swap_window": (1, 20),
     "workers": (1, _SETTINGS["workers"].maximum),
 }
-"""Where an operator names no bounds: interval, S, d and the workers (up to one per core).
+"""Where an operator names no bounds: interval, S, d, the swap window V and the workers (up to
+one per core).
 Tier budgets and the offload mode are a memory promise: moved only where the operator bounds
 them."""
 

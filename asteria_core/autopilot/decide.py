@@ -8,7 +8,9 @@ In order, the first rule that has something to do wins:
 1. the quality guard: the loss after the autopilot's last change regressed beyond noise -> undo
    it (and hold its fields);
 2. refreshes fall behind (duty above 1, or the step waits for them, or in a data-parallel run
-   for another rank's: sync_wait) -> give them time: the swap delay back up to S, then more
+   for another rank's: sync_wait) -> give them time: the swap delay back up to S; where the
+   workers keep up but a refresh outlasts its lead (latency above the lead: one block alone
+   takes longer), a lead that covers it (a narrower swap window, else a larger S); else more
    workers, then a longer interval, then a larger S (before a second longer interval when
    steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
@@ -40,7 +42,7 @@ from typing import Any
 from asteria_core.autopilot.config import AutopilotConfig, Objective
 from asteria_core.autopilot.signals import Record, Signals, loss_shift, read
 from asteria_core.fields import AUTO
-from asteria_core.policy import OffloadMode
+from asteria_core.policy import OffloadMode, SwapMode
 
 AUTOPILOT = "autopilot"
 """The client name of the autopilot's policy changes (the audit's actor)."""
@@ -169,26 +171,50 @@ def _delay(policy: Mapping[str, Any]) -> int:
     return policy["staleness_bound"] if d == AUTO else int(d)
 
 
+def window_duty(duty: float | None, policy: Mapping[str, Any]) -> float | None:
+    """The duty against the steps a round may take: its blocks are swapped in by d steps after
+    it falls due, so the workers have min(d, interval) steps of an interval for it, not the
+    interval (a longer interval past d gives them no more time)."""
+    if duty is None:
+        return None
+    interval = policy["refresh_interval"]
+    due = policy["staleness_bound"] if policy["swap_mode"] == SwapMode.OPPORTUNISTIC \
+        else _delay(policy)  # opportunistic: in by the bound
+    return duty * interval / max(min(due, interval), 1)
+
+
 def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
             held: Held) -> dict[str, Any] | None:
     # sync_wait: in a data-parallel run this rank waits at the swap steps of blocks another
     # rank refreshes when those refreshes are late (a slowed rank): the same remedies help
     # every rank, and only rank 0 decides, so its waits for the others count too
-    if not ((s.duty is not None and s.duty > BEHIND_DUTY) or s.refresh_wait > BEHIND_WAIT
+    duty = window_duty(s.duty, policy)
+    if not ((duty is not None and duty > BEHIND_DUTY) or s.refresh_wait > BEHIND_WAIT
             or s.sync_wait > SYNC_WAIT):
         return None
     bound, delay = policy["staleness_bound"], _delay(policy)
     if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
         return move
-    need = (s.demand or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
+    if s.outlasts_lead and (duty is None or duty <= 1.0) \
+            and (move := _longer_lead(s, policy, config, held)):
+        return move
+    need = (duty or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
     workers = policy["workers"]
     more = max(workers + 1, math.ceil(workers * need)) if workers else 1
     if move := _move(policy, "workers", more, config, held):
         return move
     interval = policy["refresh_interval"]
+    follows = policy["swap_delay"] == AUTO  # d is S
+    if follows and delay < interval and (move := _move(
+            policy, "staleness_bound", min(interval, max(bound + 1, math.ceil(delay * need))),
+            config, held)):
+        return move  # the round's d steps, up to the interval: no more work, later swaps
     longer = _move(policy, "refresh_interval",
                    max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0))),
                    config, held)
+    if longer and follows and delay >= interval:  # S along, else the round gains no time
+        longer |= _move(policy, "staleness_bound", longer["refresh_interval"], config,
+                        held) or {}
     # Steps still wait at the bound after a longer interval: a refresh takes longer than the
     # S steps it may lag (latency, not capacity), so S grows first (d follows it on "auto").
     larger = _move(policy, "staleness_bound", max(bound + 1, 2 * bound), config, held) \
@@ -196,6 +222,24 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     if larger and "refresh_interval" in held.last_move:
         return larger
     return longer or larger
+
+
+def _longer_lead(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
+                 held: Held) -> dict[str, Any] | None:
+    """Refreshes outlast their lead L = d - V + 1 while the workers keep up (one block alone
+    takes longer than L steps: no worker or interval helps): a lead of their latency, from a
+    narrower swap window; where d is too short for that lead even at V = 1, a larger S (d
+    follows it on "auto"): by V - 1 more for an explicit V, by the interval - 1 for "auto" (it
+    may widen up to min(d, interval) as d grows)."""
+    delay, lead = _delay(policy), s.latency
+    narrower = delay - lead + 1
+    if narrower >= 1 and (move := _move(policy, "swap_window", narrower, config, held)):
+        return move
+    if policy["swap_delay"] != AUTO:
+        return None
+    window = policy["swap_window"]
+    widest = policy["refresh_interval"] if window == AUTO else int(window)
+    return _move(policy, "staleness_bound", lead + widest - 1, config, held)
 
 
 def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
@@ -224,14 +268,15 @@ def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
 
 def _early_swap(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                 held: Held) -> dict[str, Any] | None:
-    if not config.freshen or s.duty is None or s.duty >= EARLY_SWAP_DUTY \
+    duty = window_duty(s.duty, policy)
+    if not config.freshen or duty is None or duty >= EARLY_SWAP_DUTY \
             or s.refresh_wait > BEHIND_WAIT / 4 or policy["swap_window"] == AUTO:
         return None
     delay = _delay(policy)
     # A model, not a measurement: a round's work is due within min(d, interval) steps, so d
     # steps instead of `delay` load the workers about span / d times more.
     span = min(delay, policy["refresh_interval"])
-    target = max(1, math.ceil(span * s.duty / TARGET_DUTY))
+    target = max(1, math.ceil(span * duty / TARGET_DUTY))
     if target > delay - 2:
         return None
     return _move(policy, "swap_delay", target, config, held)
@@ -239,10 +284,10 @@ def _early_swap(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
 
 def _fewer_workers(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                    held: Held) -> dict[str, Any] | None:
-    workers = policy["workers"]
-    if s.duty is None or workers < 2 or s.duty >= SPARE_DUTY[Objective(config.objective)]:
+    workers, duty = policy["workers"], window_duty(s.duty, policy)
+    if duty is None or workers < 2 or duty >= SPARE_DUTY[Objective(config.objective)]:
         return None
-    if s.duty * workers / (workers - 1) > TARGET_DUTY:
+    if duty * workers / (workers - 1) > TARGET_DUTY:
         return None
     return _move(policy, "workers", workers - 1, config, held)
 

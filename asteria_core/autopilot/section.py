@@ -83,6 +83,7 @@ class AutopilotSection:
     refresh_interval: str = _bound("refresh_interval",
                                    _text(DEFAULT_BOUNDS["refresh_interval"]))
     swap_delay: str = _bound("swap_delay", _text(DEFAULT_BOUNDS["swap_delay"]))
+    swap_window: str = _bound("swap_window", _text(DEFAULT_BOUNDS["swap_window"]))
     workers: str = _bound("workers", _text(DEFAULT_BOUNDS["workers"]))
     worker_kind: str = _bound("worker_kind", "")
     device_budget_bytes: str = _bound("device_budget_bytes", "")

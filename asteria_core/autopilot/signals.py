@@ -19,8 +19,8 @@ class Signals:
     """Records read."""
     duty: float | None
     """Median refresh duty: a round's refresh work over the workers' capacity in one interval
-    (the record's refresh.background_load); above 1 the workers cannot keep up. None inline or
-    before a refresh."""
+    at the steps' own time (the record's refresh.background_load); above 1 the workers cannot
+    keep up. None inline or before a refresh."""
     refresh_wait: float
     """Share of the window's wall time the training thread waited for a refresh."""
     transfer_wait: float
@@ -31,20 +31,24 @@ class Signals:
     """Share of steps whose staleness reached the bound S."""
     disk_bytes: int = 0
     """Optimizer-state bytes on the disk tier after the newest step."""
+    latency: int | None = None
+    """The newest record's refresh latency: steps from a job's release until its result was
+    ready (90th percentile of the last refreshes). None inline or before a refresh."""
+    lead: int | None = None
+    """The newest record's swap lead L = d - V + 1 (None outside the swap schedule)."""
 
     @property
-    def demand(self) -> float | None:
-        """The duty without the waits: a step that waits for a refresh stretches the interval
-        the duty is measured over (it reads about 1 however far behind the workers are), so
-        the work against the training time alone is duty / (1 - refresh_wait share)."""
-        if self.duty is None:
-            return None
-        return self.duty / max(1.0 - self.refresh_wait, 0.05)
+    def outlasts_lead(self) -> bool:
+        """Refreshes take longer than their lead: where the workers keep up, the step waits
+        for each one's latency, not for capacity."""
+        return self.latency is not None and self.lead is not None and self.latency > self.lead
 
     def describe(self) -> str:
         """The figures as a reason cites them: "refresh duty 1.60, refresh_wait 12% of step
         time over 30 steps"."""
         figures = [] if self.duty is None else [f"refresh duty {self.duty:.2f}"]
+        if self.outlasts_lead:
+            figures.append(f"refresh latency {self.latency} steps against a lead of {self.lead}")
         for name in ("refresh_wait", "transfer_wait", "sync_wait"):
             share = getattr(self, name)
             if share >= 0.005:
@@ -65,7 +69,9 @@ def read(records: Sequence[Record]) -> Signals:
     at_bound = sum(1 for f in refresh if f["staleness_bound"] > 0
                    and f["staleness_max"] >= f["staleness_bound"])
     tiers = [r["tiers"] for r in records if r.get("tiers")]
+    newest = refresh[-1] if refresh else {}
     return Signals(
+        latency=newest.get("refresh_latency_steps"), lead=newest.get("swap_lead"),
         steps=len(records),
         disk_bytes=int(tiers[-1]["bytes"].get("disk", 0)) if tiers else 0,
         duty=statistics.median(duties) if duties else None,

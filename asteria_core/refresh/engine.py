@@ -48,7 +48,6 @@ compute it again on the training thread while the worker thread runs on.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 import math
@@ -74,14 +73,12 @@ from asteria_core.telemetry.reporter import NullReporter, Reporter
 
 log = logging.getLogger(__name__)
 HANG_FACTOR = 4
+"""A running refresh is hung after this many times its allowance (see the module docstring)."""
 LATENCY_SAMPLES = 64
 """Refreshes the latency figure is taken over (`RefreshFigures.refresh_latency_steps`)."""
 STEP_SAMPLES = 32
 """Boundary intervals the step time (`step_seconds`, the duty's denominator) is the median of:
 robust to the odd long one (an evaluation, a checkpoint, a paused benchmark turn)."""
-LATENCY_HORIZON = 4096
-"""Boundaries whose start times are kept to place a result's finish (older: "now")."""
-"""A running refresh is hung after this many times its allowance (see the module docstring)."""
 
 
 class RefreshFailed(RuntimeError):
@@ -220,12 +217,12 @@ class RefreshEngine:
         """Jobs pacing holds back, in order (a dict: dropping one costs O(1), not a scan)."""
         self._last_boundary: float | None = None
         self._step_walls: deque[float] = deque(maxlen=STEP_SAMPLES)
+        """The last steps' own wall times: boundary to boundary, less their refresh waits."""
+        self._waited_before = 0.0
+        """`waited_seconds` when the last boundary began."""
         self._mode = ""
         self.figures: RefreshFigures | None = None
         """This boundary's figures, for the step record (set by every `on_boundary`)."""
-        self._boundary_times: deque[float] = deque(maxlen=LATENCY_HORIZON)
-        self._boundary_steps: deque[int] = deque(maxlen=LATENCY_HORIZON)
-        """When each of the last boundaries began (perf_counter) and its step."""
         self._latencies: deque[int] = deque(maxlen=LATENCY_SAMPLES)
         """Steps from release to ready of this rank's last refreshes on workers."""
         self._window_spec: tuple | None = None
@@ -238,13 +235,12 @@ class RefreshEngine:
         """Run at the boundary after the optimizer update of `step` (optimizer.num_steps)."""
         now = time.perf_counter()
         if self._last_boundary is not None:
-            self._step_walls.append(now - self._last_boundary)
-        self._last_boundary = now
+            waited = self.waited_seconds - self._waited_before
+            self._step_walls.append(max(now - self._last_boundary - waited, 0.0))
+        self._last_boundary, self._waited_before = now, self.waited_seconds
         policy = self.policy.current
         self._apply_policy(policy)
         t = self.opt.num_steps
-        self._boundary_times.append(now)
-        self._boundary_steps.append(t)
         self._swap_due(t, policy)
         self._stage_finished()
         due = self.opt.due_blocks()
@@ -609,14 +605,15 @@ class RefreshEngine:
         self._ready(item, job)
 
     def _ready(self, item: Outstanding, job: Job) -> None:
-        """A worker's result is taken: how many boundaries after its release it was ready for
-        (the first that began after it finished; this one when the step waited for it)."""
-        if item.released is None or job.finished_at is None:
+        """A worker's result is taken: how many steps of the usual length (`step_seconds`) it
+        took from its release to being ready (1: ready for the next boundary). Counted in
+        boundaries instead, a result the step waited for would read as ready at its swap,
+        however late it was: never above the lead that it overran."""
+        step = self.step_seconds
+        if item.released is None or job.finished_at is None or not step:
             return
-        at = bisect.bisect_right(self._boundary_times, job.finished_at)
-        ready = self._boundary_steps[at] if at < len(self._boundary_steps) \
-            else self.opt.num_steps
-        self._latencies.append(max(ready - item.released, 0))
+        took = job.finished_at - job.submitted_at
+        self._latencies.append(max(math.ceil(took / step - 1e-9), 1))
 
     def latency_steps(self) -> int | None:
         """90th percentile of `_latencies` (nearest rank), None before any."""
@@ -705,11 +702,16 @@ class RefreshEngine:
 
     @property
     def step_seconds(self) -> float:
-        """Median wall time between the last STEP_SAMPLES boundaries (0 before two)."""
+        """A step's own time: the median over the last STEP_SAMPLES steps of the wall time
+        between boundaries less the refreshes waited for (this rank's, another rank's), 0
+        before two boundaries. What the workers' capacity is measured against: with the
+        waits in, a step that waits for the workers would stretch the interval its duty is
+        measured over, and the duty would read about 1 however far behind they are."""
         return statistics.median(self._step_walls) if self._step_walls else 0.0
 
     def background_load(self, policy: Policy) -> float | None:
-        """Refresh work per interval / worker capacity; above 1 the workers cannot keep up."""
+        """A round's refresh work / the workers' time in one interval of steps at their own
+        time (`step_seconds`); above 1 the workers cannot keep up and steps wait."""
         step = self.step_seconds
         if policy.workers == 0 or not step or not self._refresh_seconds:
             return None

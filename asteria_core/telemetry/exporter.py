@@ -62,12 +62,14 @@ RECORD_GAUGES: dict[str, tuple[str, Read]] = {
         "Steps from a block's read to its swap (d - swap window + 1), deterministic mode.",
         lambda r: r.refresh and r.refresh.swap_lead),
     "asteria_refresh_latency_steps": (
-        "90th percentile over the last 64 refreshes of the steps from a job's release until "
-        "its result was ready; above the lead the step waits for it.",
+        "90th percentile over the last 64 refreshes of the time from a job's release until "
+        "its result was ready, in steps (their own time, waits left out); above the lead the "
+        "step waits for it.",
         lambda r: r.refresh and r.refresh.refresh_latency_steps),
     "asteria_refresh_background_load": (
-        "Refresh work per interval divided by worker capacity; above 1 the workers cannot keep "
-        "up and staleness climbs to the bound.", lambda r: r.refresh and r.refresh.background_load),
+        "Refresh work per interval divided by worker capacity at the steps' own time (refresh "
+        "waits left out); above 1 the workers cannot keep up and steps wait.",
+        lambda r: r.refresh and r.refresh.background_load),
 }
 
 

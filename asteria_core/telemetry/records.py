@@ -40,7 +40,8 @@ class RefreshFigures:
     queue_depth: int
     """Refreshes queued or running on the workers."""
     background_load: float | None
-    """Refresh work per interval over worker capacity (None inline or before any refresh)."""
+    """Refresh work per interval over worker capacity, at the steps' own time (their refresh
+    waits left out): above 1 the workers cannot keep up. None inline or before any refresh."""
     workers_busy_ratio: float | None
     """Share of worker time spent refreshing (None when refreshes run inline)."""
     failures: int
@@ -53,9 +54,10 @@ class RefreshFigures:
     """L = d - V + 1: steps from a block's read to its swap, its basis's age when swapped in
     (deterministic mode; None in opportunistic mode or inline with d = 0)."""
     refresh_latency_steps: int | None = None
-    """90th percentile, over this rank's last 64 refreshes on workers, of the steps from a
-    job's release until its result was ready (1: ready for the next boundary). Above
-    swap_lead the step waits for it (refresh_wait). None before any."""
+    """90th percentile, over this rank's last 64 refreshes on workers, of the time from a
+    job's release until its result was ready, in steps of their own length (refresh waits
+    left out; 1: ready for the next boundary). Above swap_lead the step waits for it
+    (refresh_wait). None before any."""
 
 
 @dataclass(slots=True)

@@ -25,7 +25,8 @@ FRESHEN = dataclasses.replace(CONFIG, freshen=True)
 def record(step: int, *, duty: float | None = 0.6, refresh_wait: float = 0.0,
            transfer_wait: float = 0.0, loss: float = 3.0, version: int = 1,
            bound: int = 10, staleness: int = 4, eval_loss: float | None = None,
-           disk_bytes: int = 0, sync_wait: float = 0.0) -> dict:
+           disk_bytes: int = 0, sync_wait: float = 0.0, latency: int | None = None,
+           lead: int | None = None) -> dict:
     return {"step": step, "step_seconds": 0.1, "loss": loss, "tokens": 512,
             "policy_version": version, "eval_loss": eval_loss,
             "tiers": {"bytes": {"device": 1000, "host": 0, "disk": disk_bytes}},
@@ -33,7 +34,8 @@ def record(step: int, *, duty: float | None = 0.6, refresh_wait: float = 0.0,
                                         "transfer_wait": transfer_wait,
                                         "sync_wait": sync_wait}},
             "refresh": {"background_load": duty, "staleness_max": staleness,
-                        "staleness_bound": bound, "queue_depth": 1}}
+                        "staleness_bound": bound, "queue_depth": 1,
+                        "refresh_latency_steps": latency, "swap_lead": lead}}
 
 
 def run(steps: range, **kw) -> list[dict]:
@@ -93,6 +95,18 @@ def test_workers_at_their_bound_the_interval_grows_instead():
     assert d.changes == {"refresh_interval": 30}  # clipped to the operator's bound
 
 
+def test_a_round_that_needs_more_than_its_d_steps_gets_a_larger_s_not_a_longer_interval():
+    """A round is swapped in by d steps after it falls due: at interval 20 and d = S = 10 a
+    duty of 0.6 per interval is 1.2 in the round's 10 steps. A longer interval gives it no
+    more time; a larger S does (d follows it), up to the interval."""
+    d = decide(run(range(1, 61), duty=0.6), policy(workers=2, refresh_interval=20), [], CONFIG)
+    assert d.changes == {"staleness_bound": 15}  # ceil(10 x 1.2 / 0.8)
+    assert d.reason.startswith("refresh duty 0.60 over 40 steps")  # two rounds of 20
+    # at d = interval the duty per interval is the round's: 0.6 is in hand
+    assert decide(run(range(1, 61), duty=0.6), policy(workers=2, refresh_interval=10), [],
+                  CONFIG) is None
+
+
 def test_inline_refreshes_that_block_get_a_worker():
     d = decide(run(range(1, 41), duty=None, refresh_wait=0.02), policy(workers=0), [], CONFIG)
     assert d.changes == {"workers": 1}
@@ -106,6 +120,32 @@ def test_waiting_for_another_ranks_late_refreshes_gives_refreshes_time():
     assert d.changes == {"workers": 2}
     assert "sync_wait 20% of step time" in d.reason
     assert decide(run(range(1, 41), sync_wait=0.004), policy(), [], CONFIG) is None
+
+
+def test_a_refresh_that_outlasts_its_lead_gets_a_longer_lead_not_more_workers():
+    """The workers keep up (duty 0.7) but steps wait: refreshes take 4 steps against a lead of
+    2 (one block alone takes that long). A narrower swap window makes the lead 4 (d 10: V 9 ->
+    7); neither a worker nor a longer interval would."""
+    waiting = {"duty": 0.7, "refresh_wait": 0.02, "latency": 4, "lead": 2}
+    bounds = {**CONFIG.bounds, "swap_window": (1, 20)}
+    config = dataclasses.replace(CONFIG, bounds=bounds)
+    d = decide(run(range(1, 41), **waiting), policy(), [], config)
+    assert d.changes == {"swap_window": 7}
+    assert "refresh latency 4 steps against a lead of 2" in d.reason
+    # d too short for that lead even at V = 1 (d 3, V 2): a larger S, d follows it on auto
+    d = decide(run(range(1, 41), **{**waiting, "latency": 5}),
+               policy(staleness_bound=3, swap_window=2, refresh_interval=3), [], config)
+    assert d.changes == {"staleness_bound": 6}  # lead 5 at the V 2 in force
+    # the operator leaves V alone: S instead, by the widest the auto window may take (the
+    # interval): lead 4 at V up to 10
+    d = decide(run(range(1, 41), **waiting), policy(), [], CONFIG)
+    assert d.changes == {"staleness_bound": 13}
+    # the workers cannot keep up (duty above 1): latency is queueing, capacity comes first
+    d = decide(run(range(1, 41), **{**waiting, "duty": 1.3}), policy(), [], config)
+    assert d.changes == {"workers": 2}
+    # latency within the lead: nothing outlasts it, the usual remedies
+    d = decide(run(range(1, 41), **{**waiting, "latency": 2}), policy(), [], config)
+    assert d.changes == {"workers": 2}
 
 
 def test_a_field_without_bounds_is_never_moved():
@@ -157,9 +197,16 @@ def test_spare_room_swaps_earlier_then_drops_a_worker():
     assert d.changes == {"workers": 1}
     d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_window=5), [], FRESHEN)
     assert d.changes == {"swap_delay": 3}  # ceil(10 x 0.2 / 0.8): fresher bases first
+    d = decide(run(range(1, 41), duty=0.05), policy(workers=2, swap_delay=2, swap_window=5),
+               [], FRESHEN)
+    # the duty against the round's d steps, 0.05 x 10 / 2 = 0.25, is 0.5 on one worker: under
+    # 0.8; and d 1 would not be 2 steps earlier
+    assert d.changes == {"workers": 1}
+    # a duty of 0.2 per interval is 0.2 x 10 / 1 = 2.0 against d 1: behind, the swap delay
+    # back up to S
     d = decide(run(range(1, 41), duty=0.2), policy(workers=2, swap_delay=1, swap_window=5), [],
                FRESHEN)
-    assert d.changes == {"workers": 1}  # 0.2 x 2 / 1 = 0.4 stays under 0.8
+    assert d.changes == {"swap_delay": 10}
 
 
 def test_hysteresis_a_change_does_not_call_for_its_own_undoing():
@@ -187,7 +234,9 @@ def test_operator_change_holds_its_field():
     history = [change(2, 50, {"workers": [1, 1]}, client="operator")]
     records = run(range(1, 50), duty=1.6) + run(range(50, 100), duty=1.6, version=2)
     d = decide(records, policy(), history, CONFIG)
-    assert d.changes == {"refresh_interval": 20}  # workers are the operator's for now
+    # workers are the operator's for now; S comes along with the interval (d = S = 10 steps
+    # would be all the round has of an interval of 20)
+    assert d.changes == {"refresh_interval": 20, "staleness_bound": 20}
     records += run(range(100, 151), duty=1.6, version=2)
     assert decide(records, policy(), history, CONFIG).changes == {"workers": 2}  # hold over
 
@@ -195,7 +244,7 @@ def test_operator_change_holds_its_field():
 def test_dismissed_fields_are_held_until_the_step_given():
     records = run(range(1, 41), duty=1.6)
     d = decide(records, policy(), [], CONFIG, holds={"workers": 41})
-    assert d.changes == {"refresh_interval": 20}
+    assert d.changes == {"refresh_interval": 20, "staleness_bound": 20}
     assert decide(records, policy(), [], CONFIG, holds={"workers": 40}).changes == {"workers": 2}
 
 
@@ -231,7 +280,8 @@ def test_an_undone_field_is_held():
     history = [change(2, 41, {"workers": [1, 2]}),
                change(3, 61, {"workers": [2, 1]}, reason=f"{UNDO}: ...")]
     records = run(range(1, 61), duty=1.6) + run(range(61, 120), duty=1.6, version=3)
-    assert decide(records, policy(), history, CONFIG).changes == {"refresh_interval": 20}
+    assert decide(records, policy(), history, CONFIG).changes == {"refresh_interval": 20,
+                                                                  "staleness_bound": 20}
 
 
 def test_operator_changes_are_never_judged_by_the_guard():

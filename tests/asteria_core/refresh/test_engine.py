@@ -109,12 +109,12 @@ def test_slow_worker_staleness_stays_within_bound_and_waits_only_at_swap_steps()
     # first bases are swapped in at once.
     assert due_at[0] == 1
     assert waited_at == [1] + [s + delay for s in due_at[1:] if s + delay <= STEPS]
-    # The record says why: each refresh was ready only at its swap, L = d - V + 1 steps after
-    # its release (the first bases, awaited where they went out, at 0: under the 90th
-    # percentile).
+    # The record says why: each refresh took longer than its lead L = d - V + 1, counted in
+    # steps of their own length (the waits left out), and the workers' duty is far above 1.
     lead = delay - engine._window(policy.current) + 1
     assert engine.figures.swap_lead == lead
-    assert engine.figures.refresh_latency_steps == lead
+    assert engine.figures.refresh_latency_steps > lead
+    assert engine.figures.background_load > 1
 
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
