@@ -201,20 +201,14 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     need = (duty or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
     workers = policy["workers"]
     more = max(workers + 1, math.ceil(workers * need)) if workers else 1
-    if move := _move(policy, "workers", more, config, held):
-        return move
-    interval = policy["refresh_interval"]
-    follows = policy["swap_delay"] == AUTO  # d is S
-    if follows and delay < interval and (move := _move(
-            policy, "staleness_bound", min(interval, max(bound + 1, math.ceil(delay * need))),
-            config, held)):
-        return move  # the round's d steps, up to the interval: no more work, later swaps
-    longer = _move(policy, "refresh_interval",
-                   max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0))),
-                   config, held)
-    if longer and follows and delay >= interval:  # S along, else the round gains no time
-        longer |= _move(policy, "staleness_bound", longer["refresh_interval"], config,
-                        held) or {}
+    if added := _move(policy, "workers", more, config, held):
+        # the workers' bound short of the need: the time still missing, in the same change
+        left = need * workers / added["workers"]
+        if left > BEHIND_DUTY / TARGET_DUTY and (time := _more_time(left, policy, config,
+                                                                      held)):
+            return added | time
+        return added
+    longer = _more_time(need, policy, config, held)
     # Steps still wait at the bound after a longer interval: a refresh takes longer than the
     # S steps it may lag (latency, not capacity), so S grows first (d follows it on "auto").
     larger = _move(policy, "staleness_bound", max(bound + 1, 2 * bound), config, held) \
@@ -222,6 +216,27 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     if larger and "refresh_interval" in held.last_move:
         return larger
     return longer or larger
+
+
+def _more_time(need: float, policy: Mapping[str, Any], config: AutopilotConfig,
+               held: Held) -> dict[str, Any] | None:
+    """`need` times the steps a round has: while d is short of the interval, a larger S (d
+    follows it on "auto"; no more work, later swaps), up to the interval; else a longer
+    interval, with S along (past d a round would gain no time from it)."""
+    interval, bound, delay = policy["refresh_interval"], policy["staleness_bound"], \
+        _delay(policy)
+    follows = policy["swap_delay"] == AUTO  # d is S
+    if follows and delay < interval and (move := _move(
+            policy, "staleness_bound", min(interval, max(bound + 1, math.ceil(delay * need))),
+            config, held)):
+        return move
+    longer = _move(policy, "refresh_interval",
+                   max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0))),
+                   config, held)
+    if longer and follows and delay >= interval:
+        longer |= _move(policy, "staleness_bound", longer["refresh_interval"], config,
+                        held) or {}
+    return longer
 
 
 def _longer_lead(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,

@@ -79,6 +79,12 @@ def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     assert decision.reason.startswith("refresh duty 1.60 over 20 steps")
     assert decision.reason.endswith("workers 1 -> 2")
     assert decision.step == 40 and not decision.undo
+    # four workers' worth at a bound of two: the time still missing comes in the same change,
+    # a longer interval (3.2 / 2 / 0.8 = 2x) with S along
+    decision = decide(run(range(1, 41), duty=3.2), policy(), [], CONFIG)
+    assert decision.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
+    assert decision.reason.endswith(
+        "workers 1 -> 2, refresh_interval 10 -> 20, staleness_bound 10 -> 20")
 
 
 def test_pinned_swap_delay_goes_back_up_first():
