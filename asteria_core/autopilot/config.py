@@ -24,8 +24,7 @@ class Objective(StrEnum):
 
 
 ACTIONS = ("staleness_bound", "refresh_interval", "swap_delay", "swap_window", "workers",
-           "worker_kind",
-           "device_budget_bytes", "host_budget_bytes", "offload_mode")
+           "worker_kind", "device_budget_bytes", "host_budget_bytes", "offload_mode")
 """The policy fields the autopilot may move, each only within `AutopilotConfig.bounds`."""
 assert set(ACTIONS) <= set(FIELDS)
 
@@ -39,9 +38,8 @@ DEFAULT_BOUNDS: dict[str, Any] = {
     "workers": (1, _SETTINGS["workers"].maximum),
 }
 """Where an operator names no bounds: interval, S, d, the swap window V and the workers (up to
-one per core).
-Tier budgets and the offload mode are a memory promise: moved only where the operator bounds
-them."""
+one per core). Tier budgets and the offload mode are a memory promise: moved only where the
+operator bounds them."""
 
 
 def _bound_problem(name: str, bound: Any) -> tuple[str, str] | None:

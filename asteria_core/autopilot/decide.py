@@ -7,12 +7,14 @@ its policy history) replays into the same decisions (tests/asteria_core/autopilo
 In order, the first rule that has something to do wins:
 1. the quality guard: the loss after the autopilot's last change regressed beyond noise -> undo
    it (and hold its fields);
-2. refreshes fall behind (duty above 1, or the step waits for them, or in a data-parallel run
-   for another rank's: sync_wait) -> give them time: the swap delay back up to S; where the
-   workers keep up but a refresh outlasts its lead (latency above the lead: one block alone
-   takes longer), a lead that covers it (a narrower swap window, else a larger S); else more
-   workers, then a longer interval, then a larger S (before a second longer interval when
-   steps still wait at the bound);
+2. refreshes fall behind (the duty against the steps a round has, min(d, interval), above 1;
+   or the step waits for them, or in a data-parallel run for another rank's: sync_wait) ->
+   give them time: the swap delay back up to S; where the workers keep up but a refresh
+   outlasts its lead (latency above the lead: one block alone takes longer), a lead that
+   covers it (a narrower swap window, else a larger S); else more workers, then more steps for
+   a round (a larger S while d is short of the interval, else a longer interval with S along;
+   in the workers' change when their bound falls short), then a larger S (before a second
+   longer interval when steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
    disk -> host, or a larger budget on the faster tier;
 4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`)

@@ -32,8 +32,8 @@ class Signals:
     disk_bytes: int = 0
     """Optimizer-state bytes on the disk tier after the newest step."""
     latency: int | None = None
-    """The newest record's refresh latency: steps from a job's release until its result was
-    ready (90th percentile of the last refreshes). None inline or before a refresh."""
+    """The newest record's refresh latency: a job's release to its result, in steps of their
+    own length (90th percentile of the last refreshes). None inline or before a refresh."""
     lead: int | None = None
     """The newest record's swap lead L = d - V + 1 (None outside the swap schedule)."""
 
