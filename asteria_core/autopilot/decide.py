@@ -191,13 +191,13 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     # rank refreshes when those refreshes are late (a slowed rank): the same remedies help
     # every rank, and only rank 0 decides, so its waits for the others count too
     duty = window_duty(s.duty, policy)
-    if not ((duty is not None and duty > BEHIND_DUTY) or s.refresh_wait > BEHIND_WAIT
-            or s.sync_wait > SYNC_WAIT):
+    waits = s.refresh_wait > BEHIND_WAIT or s.sync_wait > SYNC_WAIT
+    if not ((duty is not None and duty > BEHIND_DUTY) or waits):
         return None
     bound, delay = policy["staleness_bound"], _delay(policy)
     if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
         return move
-    if s.outlasts_lead and (duty is None or duty <= 1.0) \
+    if s.latency_at_lead and (s.latency > s.lead or waits) and (duty is None or duty <= 1.0) \
             and (move := _longer_lead(s, policy, config, held)):
         return move
     need = (duty or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
@@ -232,9 +232,14 @@ def _more_time(need: float, policy: Mapping[str, Any], config: AutopilotConfig,
             policy, "staleness_bound", min(interval, max(bound + 1, math.ceil(delay * need))),
             config, held)):
         return move
-    longer = _move(policy, "refresh_interval",
-                   max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0))),
-                   config, held)
+    target = max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0)))
+    if follows and delay >= interval:
+        # no longer than S can follow, where that is longer at all: past d, a longer interval
+        # buys less time than the d steps it lacks, and costs fresher bases all the same
+        along = _move(policy, "staleness_bound", target, config, held)
+        reach = along["staleness_bound"] if along else bound
+        target = reach if interval < reach < target else target
+    longer = _move(policy, "refresh_interval", target, config, held)
     if longer and follows and delay >= interval:
         longer |= _move(policy, "staleness_bound", longer["refresh_interval"], config,
                         held) or {}
@@ -244,11 +249,11 @@ def _more_time(need: float, policy: Mapping[str, Any], config: AutopilotConfig,
 def _longer_lead(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
                  held: Held) -> dict[str, Any] | None:
     """Refreshes outlast their lead L = d - V + 1 while the workers keep up (one block alone
-    takes longer than L steps: no worker or interval helps): a lead of their latency, from a
-    narrower swap window; where d is too short for that lead even at V = 1, a larger S (d
-    follows it on "auto"): by V - 1 more for an explicit V, by the interval - 1 for "auto" (it
-    may widen up to min(d, interval) as d grows)."""
-    delay, lead = _delay(policy), s.latency
+    takes longer than L steps: no worker or interval helps): a lead of their latency (one step
+    more, at least), from a narrower swap window; where d is too short for that lead even at
+    V = 1, a larger S (d follows it on "auto"): by V - 1 more for an explicit V, by the
+    interval - 1 for "auto" (it may widen up to min(d, interval) as d grows)."""
+    delay, lead = _delay(policy), max(s.latency, s.lead + 1)
     narrower = delay - lead + 1
     if narrower >= 1 and (move := _move(policy, "swap_window", narrower, config, held)):
         return move

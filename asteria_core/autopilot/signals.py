@@ -38,17 +38,19 @@ class Signals:
     """The newest record's swap lead L = d - V + 1 (None outside the swap schedule)."""
 
     @property
-    def outlasts_lead(self) -> bool:
-        """Refreshes take longer than their lead: where the workers keep up, the step waits
-        for each one's latency, not for capacity."""
-        return self.latency is not None and self.lead is not None and self.latency > self.lead
+    def latency_at_lead(self) -> bool:
+        """Refreshes take as long as their lead or longer (p90): where the workers keep up and
+        steps wait, they wait for latency, not for capacity (at the lead, for the tenth of the
+        refreshes above it)."""
+        return self.latency is not None and self.lead is not None and self.latency >= self.lead
 
     def describe(self) -> str:
         """The figures as a reason cites them: "refresh duty 1.60, refresh_wait 12% of step
         time over 30 steps"."""
         figures = [] if self.duty is None else [f"refresh duty {self.duty:.2f}"]
-        if self.outlasts_lead:
-            figures.append(f"refresh latency {self.latency} steps against a lead of {self.lead}")
+        if self.latency_at_lead:
+            figures.append(f"refresh latency (p90) {self.latency} steps against a lead of "
+                           f"{self.lead}")
         for name in ("refresh_wait", "transfer_wait", "sync_wait"):
             share = getattr(self, name)
             if share >= 0.005:

@@ -85,6 +85,9 @@ def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     assert decision.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
     assert decision.reason.endswith(
         "workers 1 -> 2, refresh_interval 10 -> 20, staleness_bound 10 -> 20")
+    # no longer than S can follow (its bound, 20), where that is longer at all
+    decision = decide(run(range(1, 41), duty=4.0), policy(), [], CONFIG)
+    assert decision.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
 
 
 def test_pinned_swap_delay_goes_back_up_first():
@@ -137,7 +140,7 @@ def test_a_refresh_that_outlasts_its_lead_gets_a_longer_lead_not_more_workers():
     config = dataclasses.replace(CONFIG, bounds=bounds)
     d = decide(run(range(1, 41), **waiting), policy(), [], config)
     assert d.changes == {"swap_window": 7}
-    assert "refresh latency 4 steps against a lead of 2" in d.reason
+    assert "refresh latency (p90) 4 steps against a lead of 2" in d.reason
     # d too short for that lead even at V = 1 (d 3, V 2): a larger S, d follows it on auto
     d = decide(run(range(1, 41), **{**waiting, "latency": 5}),
                policy(staleness_bound=3, swap_window=2, refresh_interval=3), [], config)
@@ -149,8 +152,12 @@ def test_a_refresh_that_outlasts_its_lead_gets_a_longer_lead_not_more_workers():
     # the workers cannot keep up (duty above 1): latency is queueing, capacity comes first
     d = decide(run(range(1, 41), **{**waiting, "duty": 1.3}), policy(), [], config)
     assert d.changes == {"workers": 2}
-    # latency within the lead: nothing outlasts it, the usual remedies
+    # a p90 latency at the lead while steps wait: the tenth above it are waited for, so one
+    # step more of lead (V 9 -> 8)
     d = decide(run(range(1, 41), **{**waiting, "latency": 2}), policy(), [], config)
+    assert d.changes == {"swap_window": 8}
+    # latency within the lead: nothing outlasts it, the usual remedies
+    d = decide(run(range(1, 41), **{**waiting, "latency": 1}), policy(), [], config)
     assert d.changes == {"workers": 2}
 
 
