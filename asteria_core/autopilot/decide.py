@@ -233,14 +233,15 @@ def _more_time(need: float, policy: Mapping[str, Any], config: AutopilotConfig,
             config, held)):
         return move
     target = max(interval + 1, math.ceil(interval * min(max(need, 1.25), 4.0)))
-    if follows and delay >= interval:
-        # no longer than S can follow, where that is longer at all: past d, a longer interval
-        # buys less time than the d steps it lacks, and costs fresher bases all the same
-        along = _move(policy, "staleness_bound", target, config, held)
-        reach = along["staleness_bound"] if along else bound
-        target = reach if interval < reach < target else target
-    longer = _move(policy, "refresh_interval", target, config, held)
-    if longer and follows and delay >= interval:
+    if not (follows and delay >= interval):
+        return _move(policy, "refresh_interval", target, config, held)
+    # no longer than S can follow, where that is longer at all: past d, a longer interval buys
+    # less time than the d steps it lacks, and costs fresher bases all the same
+    along = _move(policy, "staleness_bound", target, config, held)
+    reach = along["staleness_bound"] if along else bound
+    longer = _move(policy, "refresh_interval", reach if interval < reach < target else target,
+                   config, held)
+    if longer:
         longer |= _move(policy, "staleness_bound", longer["refresh_interval"], config,
                         held) or {}
     return longer
