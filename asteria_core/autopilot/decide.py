@@ -45,13 +45,14 @@ from asteria_core.autopilot.config import AutopilotConfig, Objective
 from asteria_core.autopilot.signals import Record, Signals, loss_shift, read
 from asteria_core.fields import AUTO
 from asteria_core.policy import OffloadMode, SwapMode
+from asteria_core.refresh.schedule import PLANNED_DUTY
 
 AUTOPILOT = "autopilot"
 """The client name of the autopilot's policy changes (the audit's actor)."""
 UNDO = "quality guard"
 """How an undo's reason begins."""
 
-TARGET_DUTY = 0.8
+TARGET_DUTY = PLANNED_DUTY  # 0.8, what `asteria plan` recommends and "auto" windows assume
 BEHIND_DUTY = 1.05
 BEHIND_WAIT = 0.02  # share of step time waited for refreshes
 TIER_WAIT = 0.05  # share of step time waited for a slower tier

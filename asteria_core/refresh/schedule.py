@@ -5,8 +5,8 @@ queue order). A block in slot k has its statistics read (with pace on) and its j
 the workers at s + k, and its basis swapped in at s + L + k, L = d - V + 1 steps later: every
 block's basis is L steps old when it is swapped in, every boundary carries about 1/V of the
 round's work, and the last swap comes at s + d. `swap_window` picks V: the operator's number,
-or "auto", the widest window whose lead L still covers a slot's work (docs/architecture.md,
-"The swap schedule").
+or "auto", the widest window whose lead L still covers a slot's work on workers loaded as
+planned (docs/architecture.md, "The swap schedule").
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from collections.abc import Sequence
 
 from asteria_core.fields import AUTO
 
+PLANNED_DUTY = 0.8
+"""The duty workers are planned for: `asteria plan` recommends the count that stays under it,
+the autopilot aims its changes at it, and "auto" fits the swap window to workers at it."""
 MAX_AUTO_WINDOW = 256
 """"auto" looks at most this many boundaries wide (a round rarely needs more slots to be even,
 and the search stays cheap at any refresh interval)."""
@@ -45,11 +48,12 @@ def _peak(costs: Sequence[float], slots: int) -> float:
 def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[float]) -> int:
     """V for swap delay d = `delay`: `window` (at most d, at least 1); "auto", the widest
     V <= min(d, interval) whose lead L = d - V + 1 is at least the steps its busiest slot takes
-    on the slowest workers the bound allows, those that do one round (`costs`, each block's
-    refresh cost, in queue order) in min(d, interval) steps: ceil(peak x min(d, interval) /
-    total). Many blocks of like cost give L = 1 or 2 (the freshest bases the work allows); a
-    few blocks that are most of the round give a longer lead, since each alone takes that
-    long."""
+    on workers loaded as planned (`costs`, each block's refresh cost, in queue order): workers
+    that do one round in PLANNED_DUTY x min(d, interval) steps, so the busiest slot takes
+    ceil(peak x PLANNED_DUTY x min(d, interval) / total). Many blocks of like cost give L = 1
+    (the freshest bases the work allows: a slot's blocks rarely share out exactly evenly, and
+    workers with no headroom at all would turn 1% over into a lead twice as long); a few
+    blocks that are most of the round give a longer lead, since each alone takes that long."""
     if window != AUTO:
         return max(1, min(window, delay))
     widest = max(1, min(delay, interval, MAX_AUTO_WINDOW))
@@ -58,6 +62,6 @@ def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[fl
         return widest
     span = min(delay, interval)  # the steps a round may take: it is swapped in by s + d
     for v in range(widest, 0, -1):
-        if delay - v + 1 >= math.ceil(_peak(costs, v) * span / total - 1e-9):
+        if delay - v + 1 >= math.ceil(_peak(costs, v) * PLANNED_DUTY * span / total - 1e-9):
             return v
     return 1

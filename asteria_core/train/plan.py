@@ -36,7 +36,7 @@ from asteria_core.fields import AUTO
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
 from asteria_core.policy import Policy
-from asteria_core.refresh.schedule import share_out, swap_window
+from asteria_core.refresh.schedule import PLANNED_DUTY, share_out, swap_window
 from asteria_core.telemetry.labels import TIERS, Tier
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place
@@ -44,7 +44,7 @@ from asteria_core.train.config import RunConfig
 from asteria_core.train.refresh_cost import MEASURE_CAP, RefreshCost, calibrate
 from asteria_core.validation import ConfigError, finite_in, int_in
 
-HEADROOM = 0.8
+HEADROOM = PLANNED_DUTY
 """Default target: duty at most 0.8, so a slower step or a busier host still keeps up."""
 MAX_STEP_SECONDS = 86_400.0
 MAX_SIDE = 65536  # optim.precond_block_size's and max_precond_dim's upper limit

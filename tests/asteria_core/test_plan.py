@@ -99,12 +99,13 @@ def test_duty_and_workers_are_the_engines_arithmetic():
     assert p.duty(1) == pytest.approx(0.5) and p.duty(2) == pytest.approx(0.25)
     assert p.workers == 1
     # The default ("auto") swap window fits the blocks: a 100-wide block is 24% of a round's
-    # cost, 2.35 steps of work on workers that do a round in min(d, interval) = 10 steps, so
-    # V = 8 slots (one block each) with a lead of d - V + 1 = 3 steps from a slot's read to its
-    # swap: its one block (<= 1 s) ends within 0.8 x 3 s on one worker.
+    # cost, 1.88 steps of work on workers loaded as planned (a round in 0.8 x min(d, interval)
+    # = 8 steps), so V = 9 slots (one block each, three empty) with a lead of d - V + 1 = 2
+    # steps from a slot's read to its swap: its one block (<= 1 s) ends within 0.8 x 2 s on
+    # one worker.
     spread = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10)
-    assert spread.spread == 8 and spread.window_s == pytest.approx(3.0)
-    assert sorted(len(slot) for slot in spread.slots) == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert spread.spread == 9 and spread.window_s == pytest.approx(2.0)
+    assert sorted(len(slot) for slot in spread.slots) == [0, 0, 0, 1, 1, 1, 1, 1, 1]
     assert spread.workers == 1
     # A window the lead cannot carry: V = 10 leaves one step (0.8 s) for a 1 s block.
     narrow = predict(sizes, cost, step_seconds=1.0, interval=10, bound=10, spread=10)

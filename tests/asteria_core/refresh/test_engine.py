@@ -8,6 +8,7 @@ from torch import nn
 from asteria_core.optim import SOAP, KLShampoo
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine, RefreshFailed
+from asteria_core.refresh.schedule import PLANNED_DUTY
 from tests.asteria_core.refresh.faults import RELEASE_HANGS, FaultyRefresh, SlowRefresh
 
 STEPS = 24
@@ -58,8 +59,9 @@ def test_deterministic_async_equals_native_delayed_reference_bit_for_bit(kind, d
 
     model, batches = _problem()
     opt = _soap(model)
+    # a window of 1: the whole round swapped at s + d, as the optimizer's own delayed mode
     policy = LivePolicy(Policy(refresh_interval=3, staleness_bound=2, swap_delay=delay,
-                               workers=1, worker_kind=kind))
+                               swap_window=1, workers=1, worker_kind=kind))
     engine = RefreshEngine(opt, policy)
     try:
         asteria = _train(model, opt, batches, engine.on_boundary)
@@ -105,13 +107,15 @@ def test_slow_worker_staleness_stays_within_bound_and_waits_only_at_swap_steps()
         engine.close()
     assert max(seen) <= bound and max(seen) == delay
     # The workers are slower than two steps of this tiny problem, so every swap waited, and
-    # nothing else did: waits happen exactly at the swap steps s + d, and at step 1, whose
-    # first bases are swapped in at once.
+    # nothing else did: waits happen exactly at the swap steps s + L + k of the slots k that
+    # hold a block, and at step 1, whose first bases are swapped in at once.
+    lead = delay - engine._window(policy.current) + 1
+    used = sorted(set(engine._place(list(engine.blocks), policy.current).values()) or {0})
     assert due_at[0] == 1
-    assert waited_at == [1] + [s + delay for s in due_at[1:] if s + delay <= STEPS]
+    assert waited_at == [1] + sorted(s + lead + k for s in due_at[1:] for k in used
+                                     if s + lead + k <= STEPS)
     # The record says why: each refresh took longer than its lead L = d - V + 1, counted in
     # steps of their own length (the waits left out), and the workers' duty is far above 1.
-    lead = delay - engine._window(policy.current) + 1
     assert engine.figures.swap_lead == lead
     assert engine.figures.refresh_latency_steps > lead
     assert engine.figures.background_load > 1
@@ -413,8 +417,8 @@ def test_blocks_handed_out_first_are_swapped_first():
     """The swap window follows pacing's order: the block in slot k of V is released at s + k and
     swapped at s + d - V + 1 + k (a worker that keeps up has each block done by its swap), and
     each boundary takes about 1/V of the round's refresh cost. "auto" fits V to the blocks:
-    the widest whose lead d - V + 1 covers the busiest slot on workers that do a round in
-    min(d, interval) steps."""
+    the widest whose lead d - V + 1 covers the busiest slot on workers loaded as planned, that
+    do a round in PLANNED_DUTY x min(d, interval) steps."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(n, m) for n, m in [(24, 40), (40, 8), (8, 32), (32, 16)]])
     opt = SOAP(model.parameters(), lr=1e-2, precondition_frequency=10)
@@ -433,7 +437,8 @@ def test_blocks_handed_out_first_are_swapped_first():
     lead = 10 - v + 1
     assert 1 < v <= 10
     peak = max(sum(blocks[k].cost for k in due if slots[k] == s) for s in range(v))
-    assert lead >= math.ceil(peak * 10 / total - 1e-9)  # the lead covers the busiest slot
+    span = PLANNED_DUTY * 10  # the steps a round takes on workers loaded as planned
+    assert lead >= math.ceil(peak * span / total - 1e-9)  # the lead covers the busiest slot
     if v < 10:  # and one slot more would not have
         wider = Policy(refresh_interval=10, staleness_bound=10, swap_window=v + 1, workers=1)
         engine = RefreshEngine(opt, LivePolicy(wider))
@@ -442,7 +447,7 @@ def test_blocks_handed_out_first_are_swapped_first():
         finally:
             engine.close()
         peak = max(sum(blocks[k].cost for k in due if wide[k] == s) for s in range(v + 1))
-        assert lead - 1 < math.ceil(peak * 10 / total - 1e-9)
+        assert lead - 1 < math.ceil(peak * span / total - 1e-9)
     for key in due:
         assert early[key] == v - 1 - slots[key]  # swapped at s + lead + slot
     work = [sum(blocks[k].cost for k in due if slots[k] == s) for s in range(v)]
