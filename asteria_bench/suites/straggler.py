@@ -1,13 +1,19 @@
-"""`straggler`: a rank whose CPU is shared with a hog, with owners fixed and with rebalancing.
+"""`straggler`: a rank whose refreshes fall behind, with owners fixed and with rebalancing.
 
-2 ranks on gloo, each pinned to a CPU of its own with its refresh worker (`ddp_rank --pin`); a
-busy loop pinned to rank 1's CPU makes rank 1 the straggler: its refreshes (and its training
-step) get a share of that CPU only. A GPT of width 256 (factor blocks up to 1024 wide) and
-S = 2, so that a round's refreshes take a real share of the steps they must fit in.
-Configurations: no hog (the reference), the hog with owners fixed (ownership by cost alone, as
-without rebalancing), and the hog with rebalancing (`RuntimeConfig(rebalance_rounds=2)`: speeds
-shared every 2 refresh rounds, blocks moved off the slow rank). Each repeat runs every
-configuration once, in turn; the tables give medians. The eval loss of all three is the same:
+2 ranks on gloo, each pinned to a CPU of its own with its refresh worker (`ddp_rank --pin`). A GPT
+of width 256 (factor blocks up to 1024 wide) and S = 2, so that a round's refreshes take a real
+share of the steps they must fit in. Two kinds of straggler on rank 1:
+
+- its refreshes SLOWER x slower than measured (`ddp_rank --slower --slower-rank 1`,
+  asteria_bench/slower_host.py: a slower host's CPU, emulated; its training is as fast as rank
+  0's): the refresh throughput falls and nothing else, the case ownership can fix;
+- a busy loop pinned to its CPU (full sizes only): its training and its worker both get a share
+  of that CPU, so rank 0 waits for its gradients as much as for its bases.
+
+Configurations: no straggler (the reference), each straggler with owners fixed (ownership by
+cost alone, as without rebalancing) and with rebalancing (`RuntimeConfig(rebalance_rounds=2)`:
+speeds shared every 2 refresh rounds, blocks moved off the slow rank). Each repeat runs every
+configuration once, in turn; the tables give medians. The eval loss of all is the same:
 ownership changes who computes a refresh, not its numbers. Needs at least 2 CPUs.
 """
 
@@ -42,16 +48,33 @@ class Sizes:
 
 FULL = Sizes(steps=80, interval=10, repeats=3, n_embd=256)
 QUICK = Sizes(steps=40, interval=5, repeats=1)
-NO_HOG = "no straggler"
-FIXED = "straggler, owners fixed"
-MOVING = "straggler, rebalancing every 2 rounds"
+SLOWER = 4.0
+"""How many times its measured time rank 1's refreshes take in the slowed configurations."""
+NO_STRAGGLER = "no straggler"
 BASE = ["--bound", "2", "--pin"]
-# (label, short label, rank arguments, with the hog)
+SLOWED = [*BASE, "--slower", str(SLOWER), "--slower-rank", "1"]
+MOVING = ["--rebalance-rounds", "2"]
+
+
+@dataclass(frozen=True)
+class Straggler:
+    label: str
+    short: str
+    args: list[str]
+    with_hog: bool
+
+
 CONFIGS = [
-    (NO_HOG, "no hog", BASE, False),
-    (FIXED, "fixed", BASE, True),
-    (MOVING, "rebalancing", [*BASE, "--rebalance-rounds", "2"], True),
+    Straggler(NO_STRAGGLER, "none", BASE, False),
+    Straggler(f"rank 1's refreshes {SLOWER:g}x slower, owners fixed", "slowed\nfixed", SLOWED,
+              False),
+    Straggler(f"rank 1's refreshes {SLOWER:g}x slower, rebalancing every 2 rounds",
+              "slowed\nmoving", [*SLOWED, *MOVING], False),
+    Straggler("busy loop on rank 1's CPU, owners fixed", "hog\nfixed", BASE, True),
+    Straggler("busy loop on rank 1's CPU, rebalancing every 2 rounds", "hog\nmoving",
+              [*BASE, *MOVING], True),
 ]
+QUICK_CONFIGS = CONFIGS[:3]
 
 
 @contextlib.contextmanager
@@ -71,20 +94,21 @@ def run(opts: BenchOptions) -> SuiteResult:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise RuntimeError("the straggler suite needs 2 CPUs (one per rank)")
+    configs = opts.pick(QUICK_CONFIGS, CONFIGS)
     result = SuiteResult("straggler", TITLE, opts.quick, opts.command,
                          config={**asdict(sizes), "world": 2, "hog_cpu": cpus[1],
-                                 "configurations": [[c[0], c[2], c[3]] for c in CONFIGS]})
-    per_config: list[list[dict]] = [[] for _ in CONFIGS]
-    with progress(sizes.repeats * len(CONFIGS), "straggler: torchrun jobs", opts) as bar:
+                                 "slower": SLOWER, "configurations": [asdict(c) for c in configs]})
+    per_config: list[list[dict]] = [[] for _ in configs]
+    with progress(sizes.repeats * len(configs), "straggler: torchrun jobs", opts) as bar:
         for repeat in range(sizes.repeats):
-            for i, (label, short, args, with_hog) in enumerate(CONFIGS):
-                with hog(cpus[1]) if with_hog else contextlib.nullcontext():
-                    ranks = distributed.launch(2, sizes, args, 0, None)
-                row = {"repeat": repeat, "short": short, "with_hog": with_hog,
+            for i, c in enumerate(configs):
+                with hog(cpus[1]) if c.with_hog else contextlib.nullcontext():
+                    ranks = distributed.launch(2, sizes, c.args, 0, None)
+                row = {"repeat": repeat, "short": c.short, "with_hog": c.with_hog,
                        "owned_first": [r["owned_blocks"][0] for r in ranks],
                        "owned_last": [r["owned_blocks"][-1] for r in ranks],
                        "blocks_moved": ranks[0]["blocks_moved"],
-                       **distributed.summary(label, 2, 0, ranks)}
+                       **distributed.summary(c.label, 2, 0, ranks)}
                 per_config[i].append(row)
                 result.runs.append(row)
                 result.save(opts.out_dir)
@@ -107,7 +131,7 @@ def merge(runs: list[dict]) -> dict:
 
 def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
     t = result.table(
-        f"2 ranks, each pinned to a CPU with its refresh worker; a busy loop on rank 1's CPU "
+        f"2 ranks, each pinned to a CPU with its refresh worker; rank 1 a straggler "
         f"({sizes.steps} steps, width {sizes.n_embd}, refresh every {sizes.interval}, S = 2; "
         f"medians of {sizes.repeats} repeats, timings after the first round)",
         ["configuration", "step p50 ms", "step mean ms", "sync_wait ms/step",
@@ -120,32 +144,41 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
               round(r["sync_wait_ms_per_step"], 2), round(r["refresh_wait_ms_per_step"], 2),
               r["staleness_max"], "/".join(f"{s:.1f}" for s in r["refresh_seconds_per_rank"]),
               r["blocks_moved"], round(r["eval_loss"], 4))
-    base, fixed, moving = rows
-    result.findings.append(
-        f"With a busy loop on rank 1's CPU and owners fixed, the mean step took "
-        f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms per "
-        f"step for other ranks' bases; with rebalancing on {moving['step_ms_mean']:.1f} ms and "
-        f"{moving['sync_wait_ms_per_step']:.2f} ms (no straggler: {base['step_ms_mean']:.1f} ms "
-        f"and {base['sync_wait_ms_per_step']:.2f} ms).")
-    if moving["blocks_moved"]:
+    base, pairs = rows[0], [rows[i:i + 2] for i in range(1, len(rows), 2)]
+    for (fixed, moving), kind in zip(pairs, ("slowed", "hog"), strict=False):
+        what = (f"with rank 1's refreshes {SLOWER:g}x slower" if kind == "slowed" else
+                "with a busy loop on rank 1's CPU")
         result.findings.append(
-            f"Rebalancing moved {moving['blocks_moved']} blocks; rank 1's worker refreshed for "
-            f"{moving['refresh_seconds_per_rank'][1]:.1f} s against "
-            f"{fixed['refresh_seconds_per_rank'][1]:.1f} s with owners fixed.")
-    else:
+            f"{what[0].upper()}{what[1:]} and owners fixed, the mean step took "
+            f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms "
+            f"per step for other ranks' bases; with rebalancing {moving['step_ms_mean']:.1f} ms "
+            f"and {moving['sync_wait_ms_per_step']:.2f} ms (no straggler: "
+            f"{base['step_ms_mean']:.1f} ms and {base['sync_wait_ms_per_step']:.2f} ms).")
+        if moving["blocks_moved"]:
+            result.findings.append(
+                f"{what[0].upper()}{what[1:]}, rebalancing moved {moving['blocks_moved']} "
+                f"blocks (owned per rank {moving['owned_first']} -> {moving['owned_last']}); "
+                f"rank 1's worker refreshed for {moving['refresh_seconds_per_rank'][1]:.1f} s "
+                f"against {fixed['refresh_seconds_per_rank'][1]:.1f} s with owners fixed.")
+        else:
+            result.findings.append(
+                f"{what[0].upper()}{what[1:]}, no block moved: the ranks' measured refresh "
+                "speeds stayed within the 20% rule, so any difference between the two rows is "
+                "not ownership" + (" (the busy loop slows rank 1's training as much as its "
+                                   "worker, and rank 0's worker shares its CPU with rank 0's "
+                                   "training: both workers get about half a CPU)."
+                                   if kind == "hog" else "."))
+        same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
         result.findings.append(
-            "No block moved: the ranks' measured refresh speeds stayed within the 20% rule, so "
-            "any difference between the two straggler rows is not ownership (the busy loop "
-            "slows rank 1's training as much as its worker, and rank 0's worker shares its CPU "
-            "with rank 0's training: both workers get about half a CPU).")
-    same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
-    result.findings.append(
-        "The eval loss with owners fixed and with rebalancing is "
-        + ("the same in every repeat, bit for bit: ownership changes who computes a refresh, "
-           "not its numbers." if same else
-           f"not the same ({fixed['eval_loss_runs']} against {moving['eval_loss_runs']})."))
+            f"{what[0].upper()}{what[1:]}, the eval loss with owners fixed and with rebalancing "
+            "is " + ("the same in every repeat, bit for bit: ownership changes who computes a "
+                     "refresh, not its numbers." if same else
+                     f"not the same ({fixed['eval_loss_runs']} against "
+                     f"{moving['eval_loss_runs']})."))
+    fixed, moving = pairs[0]
     result.quote("blocks_moved", moving["blocks_moved"],
-                 "with a busy loop on rank 1's CPU, rebalancing moved {value} blocks")
+                 f"with rank 1's refreshes {SLOWER:g}x slower, rebalancing moved {{value}} "
+                 "blocks")
     result.quote("sync_wait_ms_fixed", round(fixed["sync_wait_ms_per_step"], 3),
                  "owners fixed wait {value:.2f} ms per step for bases, rebalancing "
                  f"{moving['sync_wait_ms_per_step']:.2f} ms")
@@ -161,5 +194,5 @@ def plot(result: SuiteResult, rows: list[dict], opts: BenchOptions) -> None:
     axes[1].set_ylabel("sync_wait (ms/step)")
     fig.tight_layout()
     result.plots.append(save(fig, opts.out_dir / "straggler.png", "Mean step time and time "
-        "waiting for other ranks' bases per step: no straggler, a straggler with owners fixed, "
-        "and with rebalancing (2 ranks).", dpi=120))
+        "waiting for other ranks' bases per step: no straggler, each straggler with owners "
+        "fixed and with rebalancing (2 ranks).", dpi=120))

@@ -192,18 +192,20 @@ def test_network_suite_shapes_a_namespace_loopback_and_removes_it(tmp_path, monk
 
 
 @pytest.mark.multiproc
-def test_straggler_suite_runs_a_hog_beside_rank_1_with_and_without_rebalancing(tmp_path,
-                                                                              monkeypatch):
+def test_straggler_suite_slows_rank_1_with_and_without_rebalancing(tmp_path, monkeypatch):
     monkeypatch.setattr(straggler, "QUICK", straggler.Sizes(
         steps=12, interval=3, repeats=1, n_layer=1, n_embd=32, block_size=16))
     opts = options(tmp_path, "straggler")
     load("straggler").run(opts)
     data = json.loads((opts.out_dir / "straggler.json").read_text())
     check_common(data, "straggler", opts.out_dir)
-    assert [r["label"] for r in data["runs"]] == [c[0] for c in straggler.CONFIGS]
+    assert [r["label"] for r in data["runs"]] == [c.label for c in straggler.QUICK_CONFIGS]
     base, fixed, moving = data["runs"]
     for r in data["runs"]:
         assert sum(r["owned_first"]) == sum(r["owned_last"]) > 0  # every block has one owner
     assert fixed["owned_last"] == fixed["owned_first"] and fixed["blocks_moved"] == 0
+    # rank 1's refreshes take 4x their time (a sleep beside the real work, whatever the load):
+    # its measured speed is far outside the 20% rule, so blocks move off it
+    assert moving["blocks_moved"] > 0 and moving["owned_last"][1] < moving["owned_first"][1]
     # Who computes a refresh never changes its numbers: the same loss, bit for bit.
     assert fixed["eval_loss"] == moving["eval_loss"] == base["eval_loss"]
