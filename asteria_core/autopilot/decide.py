@@ -13,8 +13,8 @@ In order, the first rule that has something to do wins:
    outlasts its lead (latency above the lead: one block alone takes longer), a lead that
    covers it (a narrower swap window, else a larger S); else more workers, then more steps for
    a round (a larger S while d is short of the interval, else a longer interval with S along;
-   in the workers' change when their bound falls short), then a larger S (before a second
-   longer interval when steps still wait at the bound);
+   in the workers' change when their bound leaves the duty above the target), then a larger
+   S (before a second longer interval when steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
    disk -> host, or a larger budget on the faster tier;
 4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`)
@@ -29,8 +29,10 @@ Hysteresis: a change aims at a duty of 0.8, and the rules that add work only act
 0.3, the rules that remove it above 1.05, so a change does not call for its own undoing; nor
 does the autopilot turn a field back the way it moved it within `hold` steps (only the quality
 guard may). A decision reads `settle` steps after the last change, then `window` records, and
-at least two refresh rounds, under the policy in force; when the step waits 10% of its time or
-more (for refreshes, a slower tier or another rank), half the window, at least one round, is
+at least two refresh rounds, under the policy in force (before any change: from step 2, the
+first step's first bases being a one-off); when the step waits 10% of its time or more (for
+refreshes, a slower tier or another rank), or the duty is above 1.05 (measured from the last
+round's refresh seconds: every round will wait), half the window, at least one round, is
 enough: every step of a long look costs that much. `spacing` steps lie between changes.
 """
 
@@ -60,6 +62,7 @@ SYNC_WAIT = 0.05  # share of step time waited for another rank (ranks drift a li
 EARLY_SWAP_DUTY = 0.5
 SPARE_DUTY = {Objective.TIME: 0.3, Objective.ENERGY: 0.5}
 URGENT_WAIT = 0.1  # share of step time waited (any cause) that is read over a shorter window
+FIRST_READ = 2  # the first record a decision reads before any change: step 1 has first bases
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,13 @@ def window_size(policy: Mapping[str, Any], config: AutopilotConfig,
     return max(config.window, 2 * interval)
 
 
-def _urgent(s: Signals) -> bool:
-    return max(s.refresh_wait, s.transfer_wait, s.sync_wait) >= URGENT_WAIT
+def _urgent(s: Signals, policy: Mapping[str, Any]) -> bool:
+    """Steps wait URGENT_WAIT of their time or more, or the workers have more work than time
+    (the duty comes from the last round's measured refresh seconds, not from where the
+    window fell: every round from now on will wait)."""
+    duty = window_duty(s.duty, policy)
+    return max(s.refresh_wait, s.transfer_wait, s.sync_wait) >= URGENT_WAIT \
+        or (duty is not None and duty > BEHIND_DUTY)
 
 
 @dataclass(frozen=True)
@@ -206,9 +214,10 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     more = max(workers + 1, math.ceil(workers * need)) if workers else 1
     if added := _move(policy, "workers", more, config, held):
         # the workers' bound short of the need: the time still missing, in the same change
+        # (the duty they leave above the target the change aims at: no headroom for a
+        # slower round, and every round's waits queue behind the one before)
         left = need * workers / added["workers"]
-        if left > BEHIND_DUTY / TARGET_DUTY and (time := _more_time(left, policy, config,
-                                                                      held)):
+        if left > 1.0 and (time := _more_time(left, policy, config, held)):
             return added | time
         return added
     longer = _more_time(need, policy, config, held)
@@ -346,12 +355,14 @@ def decide(records: Sequence[Record], policy: Mapping[str, Any],
     if history and now - since + 1 < config.spacing:
         return None
     version = records[-1].get("policy_version")
-    under = [r for r in records if r.get("policy_version") == version
-             and r["step"] >= since + config.settle]
+    # after a change, `settle` steps; at the start only the first step (its first bases,
+    # computed at once, a one-off): a run that starts behind is answered a settle sooner
+    first = since + config.settle if history else FIRST_READ
+    under = [r for r in records if r.get("policy_version") == version and r["step"] >= first]
     full, short = window_size(policy, config), window_size(policy, config, urgent=True)
     if len(under) >= full:
         signals = read(under[-full:])
-    elif len(under) >= short and _urgent(early := read(under[-short:])):
+    elif len(under) >= short and _urgent(early := read(under[-short:]), policy):
         signals = early  # a severe wait need not wait for the whole window
     else:
         return None

@@ -59,7 +59,20 @@ def test_nothing_wrong_no_change():
 
 
 def test_too_few_records_no_change():
-    assert decide(run(range(1, 20), duty=2.0), policy(), [], CONFIG) is None
+    # step 1 (first bases) is never read: 9 records, short of half the window
+    assert decide(run(range(1, 11), duty=2.0), policy(), [], CONFIG) is None
+    # nothing urgent: the whole window first
+    assert decide(run(range(1, 20), duty=0.9), policy(), [], CONFIG) is None
+
+
+def test_a_run_that_starts_behind_is_answered_from_its_second_step():
+    """Before any change no `settle` applies, only step 1 (its first bases, a one-off) is left
+    out: a duty above 1 (every round will wait) decides over half the window, records 2-11."""
+    d = decide(run(range(1, 12), duty=2.0), policy(), [], CONFIG)
+    assert d.step == 11 and "over 10 steps" in d.reason and d.changes["workers"] == 2
+    # step 1's wait alone (the first bases, computed at once) is not read as a problem
+    records = [record(1, refresh_wait=0.5), *run(range(2, 22))]
+    assert decide(records, policy(), [], CONFIG) is None
 
 
 def test_a_severe_wait_is_read_over_half_the_window_a_mild_one_over_all_of_it():
@@ -67,7 +80,7 @@ def test_a_severe_wait_is_read_over_half_the_window_a_mild_one_over_all_of_it():
     the whole window is read first."""
     severe = decide(run(range(1, 16), refresh_wait=0.02), policy(), [], CONFIG)
     assert severe.changes == {"workers": 2} and "over 10 steps" in severe.reason
-    assert decide(run(range(1, 14), refresh_wait=0.02), policy(), [], CONFIG) is None
+    assert decide(run(range(1, 11), refresh_wait=0.02), policy(), [], CONFIG) is None
     assert decide(run(range(1, 16), refresh_wait=0.005), policy(), [], CONFIG) is None
     mild = decide(run(range(1, 26), refresh_wait=0.005), policy(), [], CONFIG)
     assert mild.changes == {"workers": 2} and "over 20 steps" in mild.reason
@@ -75,8 +88,8 @@ def test_a_severe_wait_is_read_over_half_the_window_a_mild_one_over_all_of_it():
 
 def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     decision = decide(run(range(1, 41), duty=1.6), policy(), [], CONFIG)
-    assert decision.changes == {"workers": 2}  # ceil(1 x 1.6 / 0.8)
-    assert decision.reason.startswith("refresh duty 1.60 over 20 steps")
+    assert decision.changes == {"workers": 2}  # ceil(1 x 1.6 / 0.8), the target met exactly
+    assert decision.reason.startswith("refresh duty 1.60 over 10 steps")  # behind: urgent
     assert decision.reason.endswith("workers 1 -> 2")
     assert decision.step == 40 and not decision.undo
     # four workers' worth at a bound of two: the time still missing comes in the same change,
@@ -85,6 +98,10 @@ def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     assert decision.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
     assert decision.reason.endswith(
         "workers 1 -> 2, refresh_interval 10 -> 20, staleness_bound 10 -> 20")
+    # two workers would leave the duty above the target (1.8 / 2 = 0.9 > 0.8): no headroom
+    # for a slower round, so the rest of the time comes along (interval x 1.25, S along)
+    decision = decide(run(range(1, 41), duty=1.8), policy(), [], CONFIG)
+    assert decision.changes == {"workers": 2, "refresh_interval": 13, "staleness_bound": 13}
     # no longer than S can follow (its bound, 20), where that is longer at all
     decision = decide(run(range(1, 41), duty=4.0), policy(), [], CONFIG)
     assert decision.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
