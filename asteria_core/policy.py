@@ -27,6 +27,11 @@ from typing import Any
 from asteria_core.fields import AUTO, Kind, Setting, choice, problems, setting, settings_of
 from asteria_core.machine import MACHINE
 
+PLANNED_DUTY = 0.8
+"""The duty refresh workers are planned for: `asteria plan` recommends the count that stays
+under it, the autopilot aims its changes at it, and "auto" fits the swap window to workers at
+it (refresh/schedule.py)."""
+
 
 # The policy's choices. A Policy holds each as the plain string (so a policy travels in JSON,
 # checkpoints and HTTP as it is), always one of its enum's values; code compares with members.

@@ -46,8 +46,7 @@ from typing import Any
 from asteria_core.autopilot.config import AutopilotConfig, Objective
 from asteria_core.autopilot.signals import Record, Signals, loss_shift, read
 from asteria_core.fields import AUTO
-from asteria_core.policy import OffloadMode, SwapMode
-from asteria_core.refresh.schedule import PLANNED_DUTY
+from asteria_core.policy import PLANNED_DUTY, OffloadMode, SwapMode
 
 AUTOPILOT = "autopilot"
 """The client name of the autopilot's policy changes (the audit's actor)."""

@@ -16,10 +16,8 @@ import math
 from collections.abc import Sequence
 
 from asteria_core.fields import AUTO
+from asteria_core.policy import PLANNED_DUTY
 
-PLANNED_DUTY = 0.8
-"""The duty workers are planned for: `asteria plan` recommends the count that stays under it,
-the autopilot aims its changes at it, and "auto" fits the swap window to workers at it."""
 MAX_AUTO_WINDOW = 256
 """"auto" looks at most this many boundaries wide (a round rarely needs more slots to be even,
 and the search stays cheap at any refresh interval)."""

@@ -35,8 +35,8 @@ import torch
 from asteria_core.fields import AUTO
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
-from asteria_core.policy import Policy
-from asteria_core.refresh.schedule import PLANNED_DUTY, share_out, swap_window
+from asteria_core.policy import PLANNED_DUTY, Policy
+from asteria_core.refresh.schedule import share_out, swap_window
 from asteria_core.telemetry.labels import TIERS, Tier
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 from asteria_core.tiers.placement import plan as place

@@ -89,7 +89,7 @@ def test_a_severe_wait_is_read_over_half_the_window_a_mild_one_over_all_of_it():
 def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     decision = decide(run(range(1, 41), duty=1.6), policy(), [], CONFIG)
     assert decision.changes == {"workers": 2}  # ceil(1 x 1.6 / 0.8), the target met exactly
-    assert decision.reason.startswith("refresh duty 1.60 over 10 steps")  # behind: urgent
+    assert decision.reason.startswith("refresh duty 1.60 over 20 steps")  # the whole window
     assert decision.reason.endswith("workers 1 -> 2")
     assert decision.step == 40 and not decision.undo
     # four workers' worth at a bound of two: the time still missing comes in the same change,

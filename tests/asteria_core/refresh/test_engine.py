@@ -6,9 +6,8 @@ import torch
 from torch import nn
 
 from asteria_core.optim import SOAP, KLShampoo
-from asteria_core.policy import LivePolicy, Policy
+from asteria_core.policy import PLANNED_DUTY, LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine, RefreshFailed
-from asteria_core.refresh.schedule import PLANNED_DUTY
 from tests.asteria_core.refresh.faults import RELEASE_HANGS, FaultyRefresh, SlowRefresh
 
 STEPS = 24

@@ -23,8 +23,11 @@ def _file_backed(t) -> bool:
 @pytest.mark.parametrize("workers", [0, 1])
 def test_results_of_disk_homed_blocks_wait_in_files_and_swap_in_bit_for_bit(tiny, workers):
     config = soap_config(tiny, steps=STEPS, eval_interval=STEPS)  # refresh every 4 steps, d = 2
+    # a window of 1: a round's results wait d = 2 steps for their swap (with the "auto" window
+    # each is swapped 1 step after its read, before a result could be seen waiting)
     config = dataclasses.replace(config, policy=dataclasses.replace(config.policy,
-                                                                    workers=workers))
+                                                                    workers=workers,
+                                                                    swap_window=1))
     w = working_set(config)
     memory = Trainer(config, run_id="memory", jsonl=False)
     expected = memory.train(progress=False).train_losses
