@@ -146,23 +146,23 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
               r["blocks_moved"], round(r["eval_loss"], 4))
     base, pairs = rows[0], [rows[i:i + 2] for i in range(1, len(rows), 2)]
     for (fixed, moving), kind in zip(pairs, ("slowed", "hog"), strict=False):
-        what = (f"with rank 1's refreshes {SLOWER:g}x slower" if kind == "slowed" else
-                "with a busy loop on rank 1's CPU")
+        what = (f"With rank 1's refreshes {SLOWER:g}x slower" if kind == "slowed" else
+                "With a busy loop on rank 1's CPU")
         result.findings.append(
-            f"{what[0].upper()}{what[1:]} and owners fixed, the mean step took "
+            f"{what} and owners fixed, the mean step took "
             f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms "
             f"per step for other ranks' bases; with rebalancing {moving['step_ms_mean']:.1f} ms "
             f"and {moving['sync_wait_ms_per_step']:.2f} ms (no straggler: "
             f"{base['step_ms_mean']:.1f} ms and {base['sync_wait_ms_per_step']:.2f} ms).")
         if moving["blocks_moved"]:
             result.findings.append(
-                f"{what[0].upper()}{what[1:]}, rebalancing moved {moving['blocks_moved']} "
+                f"{what}, rebalancing moved {moving['blocks_moved']} "
                 f"blocks (owned per rank {moving['owned_first']} -> {moving['owned_last']}); "
                 f"rank 1's worker refreshed for {moving['refresh_seconds_per_rank'][1]:.1f} s "
                 f"against {fixed['refresh_seconds_per_rank'][1]:.1f} s with owners fixed.")
         else:
             result.findings.append(
-                f"{what[0].upper()}{what[1:]}, no block moved: the ranks' measured refresh "
+                f"{what}, no block moved: the ranks' measured refresh "
                 "speeds stayed within the 20% rule, so any difference between the two rows is "
                 "not ownership" + (" (the busy loop slows rank 1's training as much as its "
                                    "worker, and rank 0's worker shares its CPU with rank 0's "
@@ -170,7 +170,7 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
                                    if kind == "hog" else "."))
         same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
         result.findings.append(
-            f"{what[0].upper()}{what[1:]}, the eval loss with owners fixed and with rebalancing "
+            f"{what}, the eval loss with owners fixed and with rebalancing "
             "is " + ("the same in every repeat, bit for bit: ownership changes who computes a "
                      "refresh, not its numbers." if same else
                      f"not the same ({fixed['eval_loss_runs']} against "
