@@ -120,8 +120,8 @@ class Policy:
         "when swapped in and no single step rotates every block's moments. 1 swaps the whole "
         "round at t + d, as the optimizer's own delayed mode does. \"auto\": the widest "
         "V <= min(d, refresh interval) whose lead d - V + 1 covers its busiest slot's work "
-        "on workers loaded as planned, a round in 0.8 x min(d, interval) steps (many like "
-        "blocks: a lead of 1 step).")
+        f"on workers loaded as planned, a round in {PLANNED_DUTY:g} x min(d, interval) steps "
+        "(many like blocks: a lead of 1 step).")
     swap_mode: str = _choice(
         SwapMode.DETERMINISTIC, "Swap mode",
         "deterministic (swap at a step fixed when the refresh falls due, by t + d) | "

@@ -145,9 +145,9 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
               r["staleness_max"], "/".join(f"{s:.1f}" for s in r["refresh_seconds_per_rank"]),
               r["blocks_moved"], round(r["eval_loss"], 4))
     base, pairs = rows[0], [rows[i:i + 2] for i in range(1, len(rows), 2)]
-    for (fixed, moving), kind in zip(pairs, ("slowed", "hog"), strict=False):
-        what = (f"With rank 1's refreshes {SLOWER:g}x slower" if kind == "slowed" else
-                "With a busy loop on rank 1's CPU")
+    for fixed, moving in pairs:
+        what = ("With a busy loop on rank 1's CPU" if fixed["with_hog"] else
+                f"With rank 1's refreshes {SLOWER:g}x slower")
         result.findings.append(
             f"{what} and owners fixed, the mean step took "
             f"{fixed['step_ms_mean']:.1f} ms and waited {fixed['sync_wait_ms_per_step']:.2f} ms "
@@ -167,7 +167,7 @@ def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
                 "not ownership" + (" (the busy loop slows rank 1's training as much as its "
                                    "worker, and rank 0's worker shares its CPU with rank 0's "
                                    "training: both workers get about half a CPU)."
-                                   if kind == "hog" else "."))
+                                   if fixed["with_hog"] else "."))
         same = fixed["eval_loss_runs"] == moving["eval_loss_runs"]
         result.findings.append(
             f"{what}, the eval loss with owners fixed and with rebalancing "
