@@ -18,7 +18,8 @@ second-order run. Configurations:
   keeps them) and sends the updates every step, exact or rounded to bf16;
 - FSDP2 (`fully_shard`, one seed): Distributed Shampoo's fully-shard distributor against
   Asteria SOAP S=5, each rank preconditioning its own dim-0 shards (no basis and no search
-  direction travels in either).
+  direction travels in either), factors packed in both (Distributed Shampoo's default; as full
+  squares Asteria's are 40% of its state, benchmarks/fsdp_state.py).
 
 Bytes: one convention for all (docs/architecture.md, "One byte convention"): logical bytes sent
 plus received per rank per step, every collective the optimizer posts counted (Asteria: bases,
@@ -80,7 +81,7 @@ SYNC = "Asteria synchronous (inline refresh, broadcast at the refresh step)"
 SHARDED = "Asteria SOAP S=5, sharded state, exact updates"
 SHARDED_BF16 = "Asteria SOAP S=5, sharded state, bf16 updates"
 FSDP_DS = "FSDP2: Distributed Shampoo, fully-shard distributor"
-FSDP_SOAP = "FSDP2: Asteria SOAP S=5"
+FSDP_SOAP = "FSDP2: Asteria SOAP S=5, packed factors"
 SHARDED_ARGS = ["--bound", "5", "--state", "sharded", "--pack-factors"]
 DS_ARGS = ["--optimizer", "distributed_shampoo", "--exchange-dtype"]
 # (world, label, short label for the plot, rank arguments, in the quick set, seeds: all | 1)
@@ -95,7 +96,7 @@ CONFIGS = [
     (2, SHARDED, "sharded\nexact", [*SHARDED_ARGS], True, True),
     (2, SHARDED_BF16, "sharded\nbf16", [*SHARDED_ARGS, "--update-dtype", "bf16"], False, True),
     (2, FSDP_DS, "FSDP2\nDS", ["--optimizer", "distributed_shampoo", "--fsdp"], True, False),
-    (2, FSDP_SOAP, "FSDP2\nS=5", ["--bound", "5", "--fsdp"], True, False),
+    (2, FSDP_SOAP, "FSDP2\nS=5", ["--bound", "5", "--fsdp", "--pack-factors"], True, False),
     (4, ADAMW, "AdamW", ["--optimizer", "adamw"], False, False),
     (4, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], False, False),
     (4, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, False),
