@@ -10,13 +10,12 @@ In order, the first rule that has something to do wins:
 2. refreshes fall behind (the duty against the steps a round has, min(d, interval), above 1;
    or the step waits for them, or in a data-parallel run for another rank's: sync_wait) ->
    give them time: the swap delay back up to S; where the workers keep up but a refresh
-   outlasts its lead (latency above the lead with the duty at most the target: one block
-   alone takes longer), a lead that covers it (a narrower swap window, else a larger S); else
-   more workers, then more steps for
+   outlasts its lead (latency above the lead: one block alone takes longer; with the duty
+   above the target, by more than a step), a lead that covers it (a narrower swap window,
+   else a larger S); else more workers, then more steps for
    a round (a larger S while d is short of the interval, else a longer interval with S along;
    in the workers' change when their bound leaves the duty above the target), then a larger
-   S (before a second longer interval when steps still wait at the bound); a longer lead
-   last, where the duty is above the target and nothing else is left;
+   S (before a second longer interval when steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
    disk -> host, or a larger budget on the faster tier;
 4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`)
@@ -207,14 +206,9 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     bound, delay = policy["staleness_bound"], _delay(policy)
     if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
         return move
-    # A refresh past its lead is one block's latency where the workers have the headroom the
-    # window was fitted to (duty <= the target); above it a late result is mostly queueing
-    # (waits grow as the duty nears 1) and the lost headroom comes back first: a longer lead
-    # is the last resort there, when the bounds leave no more workers or time.
-    lead = _longer_lead(s, policy, config, held) if s.latency_at_lead \
-        and (s.latency > s.lead or waits) and (duty is None or duty <= 1.0) else None
-    if lead and (duty is None or duty <= TARGET_DUTY):
-        return lead
+    if s.latency_at_lead and (s.latency > s.lead or waits) and _outlasts(s, duty) \
+            and (move := _longer_lead(s, policy, config, held)):
+        return move
     need = (duty or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
     workers = policy["workers"]
     more = max(workers + 1, math.ceil(workers * need)) if workers else 1
@@ -233,7 +227,16 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
         if s.at_bound > 0.2 else None
     if larger and "refresh_interval" in held.last_move:
         return larger
-    return longer or larger or lead
+    return longer or larger
+
+
+def _outlasts(s: Signals, duty: float | None) -> bool:
+    """Late refreshes are one block's latency, not the workers' capacity: the workers have
+    the headroom the swap window was fitted to (duty at most the target), or a block outlasts
+    its lead by more than a step (more than lost headroom explains). Above the target a slot
+    a step late is the lost headroom itself: a narrower window would only move the waits, a
+    longer interval gives the headroom back (scenario b of `asteria bench autopilot`)."""
+    return duty is None or duty <= TARGET_DUTY or (duty <= 1.0 and s.latency > s.lead + 1)
 
 
 def _more_time(need: float, policy: Mapping[str, Any], config: AutopilotConfig,
