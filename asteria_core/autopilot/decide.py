@@ -10,9 +10,8 @@ In order, the first rule that has something to do wins:
 2. refreshes fall behind (the duty against the steps a round has, min(d, interval), above 1;
    or the step waits for them, or in a data-parallel run for another rank's: sync_wait) ->
    give them time: the swap delay back up to S; where the workers keep up but a refresh
-   outlasts its lead (latency above the lead: one block alone takes longer; with the duty
-   above the target, by more than a step), a lead that covers it (a narrower swap window,
-   else a larger S); else more workers, then more steps for
+   outlasts its lead (latency above the lead: one block alone takes longer), a lead that
+   covers it (a narrower swap window, else a larger S); else more workers, then more steps for
    a round (a larger S while d is short of the interval, else a longer interval with S along;
    in the workers' change when their bound leaves the duty above the target), then a larger
    S (before a second longer interval when steps still wait at the bound);
@@ -206,7 +205,7 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     bound, delay = policy["staleness_bound"], _delay(policy)
     if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
         return move
-    if s.latency_at_lead and (s.latency > s.lead or waits) and _outlasts(s, duty) \
+    if s.latency_at_lead and (s.latency > s.lead or waits) and (duty is None or duty <= 1.0) \
             and (move := _longer_lead(s, policy, config, held)):
         return move
     need = (duty or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
@@ -228,15 +227,6 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     if larger and "refresh_interval" in held.last_move:
         return larger
     return longer or larger
-
-
-def _outlasts(s: Signals, duty: float | None) -> bool:
-    """Late refreshes are one block's latency, not the workers' capacity: the workers have
-    the headroom the swap window was fitted to (duty at most the target), or a block outlasts
-    its lead by more than a step (more than lost headroom explains). Above the target a slot
-    a step late is the lost headroom itself: a narrower window would only move the waits, a
-    longer interval gives the headroom back (scenario b of `asteria bench autopilot`)."""
-    return duty is None or duty <= TARGET_DUTY or (duty <= 1.0 and s.latency > s.lead + 1)
 
 
 def _more_time(need: float, policy: Mapping[str, Any], config: AutopilotConfig,
