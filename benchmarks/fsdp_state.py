@@ -1,6 +1,6 @@
 """Optimizer state per rank under FSDP2, by kind: Asteria SOAP (factors as full squares or
 packed) against Distributed Shampoo's fully-shard distributor (issue 27: why the distributed
-suite's FSDP2 row keeps 1.23x its state).
+suite's FSDP2 row kept 1.23x its state with full-square factors).
 
 The distributed suite's FSDP2 model (2 layers, n_embd 128), 12 steps on random tokens (state
 sizes do not depend on the data); rank 0 prints one JSON line: KiB by state kind and in all.
