@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 import asteria_core as asteria
 from asteria_bench import ddp_rank
-from asteria_core.optim.base import local_shard
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.model import GPT
 
@@ -33,11 +32,7 @@ STEPS = 12
 def by_kind(obj, kind: str, out: collections.Counter, seen: set) -> None:
     """Bytes of this rank's tensors under each innermost named field (each tensor once)."""
     if isinstance(obj, torch.Tensor):
-        t = local_shard(obj)
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
-        if t.numel() and key not in seen:
-            seen.add(key)
-            out[kind] += t.numel() * t.element_size()
+        out[kind] += ddp_rank.state_bytes(obj, seen)  # the suite's count: this rank's, once
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             by_kind(getattr(obj, f.name), f.name, out, seen)
