@@ -46,6 +46,13 @@ class Machine:
         """Refresh workers: one per core (more cannot run at once); 2 on the smallest box."""
         return max(2, self.cores)
 
+    def rank_cores(self, environ: dict[str, str] | None = None) -> int:
+        """The cores one process of this node's data-parallel ranks has (torchrun's
+        LOCAL_WORLD_SIZE of them share the machine; all of them for a single process)."""
+        text = (os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "1")
+        local = int(text) if text.strip().isdigit() else 1
+        return max(1, self.cores // max(1, local))
+
     @property
     def max_threads(self) -> int:
         """Intra-op threads of training or of one worker: the cores (more only contend)."""

@@ -38,6 +38,7 @@ enough: every step of a long look costs that much. `spacing` steps lie between c
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -193,8 +194,19 @@ def window_duty(duty: float | None, policy: Mapping[str, Any]) -> float | None:
     return duty * interval / max(min(due, interval), 1)
 
 
+def _capacity(workers: int, added: int, cores: int | None) -> int:
+    """The workers' capacity `added` workers are counted as, in workers of the duty's measure:
+    those on the cores the training thread leaves free (`cores` - 1; None: as many as asked),
+    never fewer than the `workers` the duty was measured with. A worker on the training's own
+    core adds no capacity of its own: it takes its time from the training's, which the duty,
+    read at the steps' own (slower) time, does not show."""
+    if cores is None:
+        return added
+    return max(workers, min(added, cores - 1))
+
+
 def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
-            held: Held) -> dict[str, Any] | None:
+            held: Held, cores: int | None = None) -> dict[str, Any] | None:
     # sync_wait: in a data-parallel run this rank waits at the swap steps of blocks another
     # rank refreshes when those refreshes are late (a slowed rank): the same remedies help
     # every rank, and only rank 0 decides, so its waits for the others count too
@@ -215,7 +227,7 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
         # the workers' bound short of the need: the time still missing, in the same change
         # (the duty they leave above the target the change aims at: no headroom for a
         # slower round, and every round's waits queue behind the one before)
-        left = need * workers / added["workers"]
+        left = need * workers / _capacity(workers, added["workers"], cores)
         if left > 1.0 and (time := _more_time(left, policy, config, held)):
             return added | time
         return added
@@ -341,10 +353,12 @@ RULES = (_behind, _tier_bound, _early_swap, _fewer_workers, _shorter_interval)
 
 def decide(records: Sequence[Record], policy: Mapping[str, Any],
            history: Sequence[Mapping[str, Any]], config: AutopilotConfig,
-           holds: Mapping[str, int] | None = None) -> Decision | None:
+           holds: Mapping[str, int] | None = None, cores: int | None = None) -> Decision | None:
     """At most one policy change for the newest of `records` (oldest first, as JSON), under
     `policy` (the newest, as a dict) with its `history` (applied changes, oldest first, each
-    with version, effective_step, diff {field: [old, new]}, client and reason)."""
+    with version, effective_step, diff {field: [old, new]}, client and reason). `cores`: the
+    CPU cores this rank's training thread and its refresh workers share (None: not modelled,
+    every worker a core of its own)."""
     if not records:
         return None
     now = int(records[-1]["step"])
@@ -366,7 +380,7 @@ def decide(records: Sequence[Record], policy: Mapping[str, Any],
     else:
         return None
     held = held_fields(history, now, config, holds)
-    for rule in RULES:
+    for rule in (functools.partial(_behind, cores=cores), *RULES[1:]):
         if changes := rule(signals, policy, config, held):
             moves = ", ".join(f"{k} {policy[k]} -> {v}" for k, v in changes.items())
             return Decision(changes, f"{signals.describe()}: {moves}", now)

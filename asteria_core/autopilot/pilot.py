@@ -87,11 +87,14 @@ def _same_way(open_changes: dict[str, Any], changes: dict[str, Any],
 
 
 class Autopilot:
-    def __init__(self, live: LivePolicy, config: AutopilotConfig, *, decides: bool = True) -> None:
-        """`decides`: False on a data-parallel rank other than 0 (it follows rank 0)."""
+    def __init__(self, live: LivePolicy, config: AutopilotConfig, *, decides: bool = True,
+                 cores: int | None = None) -> None:
+        """`decides`: False on a data-parallel rank other than 0 (it follows rank 0). `cores`:
+        the CPU cores this rank's training and refresh workers share (see `decide`)."""
         self.live = live
         self._config = config
         self.decides = decides
+        self.cores = cores
         self._lock = threading.Lock()
         self._records: deque[list] = deque(maxlen=MAX_RECORDS)
         """[record, its JSON form or None]: converted when a decision first reads it, so a run
@@ -150,7 +153,7 @@ class Autopilot:
                 item[1] = item[0].to_dict()
             records.append(item[1])
         decision = decide(records, policy, [_change_dict(c) for c in self.live.history()],
-                          config, self._holds)
+                          config, self._holds, self.cores)
         if decision is None:
             return
         if self._config.mode == Mode.APPLY:

@@ -43,6 +43,7 @@ from asteria_core.autopilot import Autopilot, AutopilotConfig
 from asteria_core.distributed import VersionExchange
 from asteria_core.distributed.attach import DataParallel, attach, data_parallel, shared_run_id
 from asteria_core.distributed.rebalance import Rebalancer
+from asteria_core.machine import MACHINE
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.refresh import RefreshEngine
@@ -128,7 +129,8 @@ class Runtime:
         if self.refresh is not None:
             self.autopilot = Autopilot(
                 self.policy, config.autopilot or AutopilotConfig(),
-                decides=self.data_parallel is None or self.data_parallel.policy_sync.rank == 0)
+                decides=self.data_parallel is None or self.data_parallel.policy_sync.rank == 0,
+                cores=MACHINE.rank_cores() if self.data_parallel is not None else MACHINE.cores)
             self._listeners.append(self.autopilot.observe)
         self._boundary_hooks: list[StepHook] = []
         self._between_hooks: list[StepHook] = []
