@@ -270,6 +270,7 @@ class Autopilot:
         """Mode, settings, proposals (newest last) and decision counts, as plain data."""
         with self._lock:
             return {"config": self._config.to_dict(), "decides": self.decides,
+                    "cores": self.cores,
                     "proposals": [dataclasses.asdict(p) for p in self._proposals],
                     "counts": [{"field": f, "outcome": o, "count": n}
                                for (f, o), n in sorted(self.counts.items())]}

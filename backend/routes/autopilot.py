@@ -68,6 +68,9 @@ class DecisionCount(BaseModel):
 class AutopilotPublic(BaseModel):
     config: dict[str, Any]
     decides: bool = Field(description="False on a data-parallel rank other than 0.")
+    cores: int | None = Field(None, description=(
+        "CPU cores this rank's training and refresh workers share, as the decisions model them "
+        "(a worker past cores - 1 adds no capacity of its own); null: not modelled."))
     proposals: list[ProposalPublic] = Field(description="Newest last; at most 200 kept.")
     counts: list[DecisionCount]
 

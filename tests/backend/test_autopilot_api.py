@@ -18,6 +18,7 @@ from torch import nn
 
 import backend
 from asteria_core.autopilot import AutopilotConfig
+from asteria_core.machine import MACHINE
 from asteria_core.optim import SOAP
 from asteria_core.policy import Policy
 from asteria_core.runtime import Runtime, RuntimeConfig
@@ -86,7 +87,9 @@ def test_propose_accept_audit_metrics_and_the_kill_switch(tmp_path):
                          headers=auth)
         assert bad.status_code == 422, bad.text
         assert bad.json()["detail"][0]["loc"] == ["body", "bounds", "workers", 1]
-        assert http.get(url).json()["config"]["mode"] == "propose"
+        state = http.get(url).json()
+        assert state["config"]["mode"] == "propose"
+        assert state["cores"] == MACHINE.cores  # what its decisions take as shared
         assert http.post(f"{url}/proposals/999999/accept", headers=auth).status_code == 404
 
         answer = http.post(accept, headers=auth)

@@ -107,6 +107,22 @@ def test_duty_above_one_adds_workers_with_a_reason_citing_it():
     assert decision.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
 
 
+def test_a_worker_on_the_training_threads_core_brings_the_time_still_needed_along():
+    """On 2 cores the training thread keeps one: a second worker shares its core and adds no
+    capacity of its own (what it refreshes, the training loses), so the change that adds it
+    also takes the time the work needs (1.6 / 0.8 = 2x: interval 20, S along). With a core
+    of its own (4 cores, or no model of the cores) the worker alone meets the target."""
+    records = run(range(1, 41), duty=1.6)
+    shared = decide(records, policy(), [], CONFIG, cores=2)
+    assert shared.changes == {"workers": 2, "refresh_interval": 20, "staleness_bound": 20}
+    assert decide(records, policy(), [], CONFIG, cores=4).changes == {"workers": 2}
+    assert decide(records, policy(), [], CONFIG).changes == {"workers": 2}
+    # one core for training and workers alike: the one worker measured is all there is
+    alone = decide(run(range(1, 41), duty=0.6, refresh_wait=0.05), policy(), [], CONFIG,
+                   cores=1)
+    assert alone.changes == {"workers": 2}  # a wait well within capacity: a worker only
+
+
 def test_pinned_swap_delay_goes_back_up_first():
     d = decide(run(range(1, 41), duty=1.3), policy(swap_delay=3), [], CONFIG)
     assert d.changes == {"swap_delay": 10}

@@ -20,6 +20,7 @@ from asteria_core.autopilot import (
     ProposalNotOpen,
     decide,
 )
+from asteria_core.machine import MACHINE
 from asteria_core.optim import SOAP
 from asteria_core.policy import Policy, PolicyError
 from asteria_core.runtime import Runtime, RuntimeConfig
@@ -89,12 +90,14 @@ def test_apply_mode_lengthens_the_interval_with_its_reason_and_replays(tmp_path)
     # Replay: the pure decision function, fed the same records and history at each boundary,
     # decides the same changes at the same steps (a change is decided at the boundary of step
     # effective_step - 1: the records then are those of the steps before it).
+    cores = loop.runtime.autopilot.cores
+    assert cores == MACHINE.cores  # a single process: training and workers share them all
     config, replayed = autopilot("apply"), []
     policy = Policy(refresh_interval=2, staleness_bound=2, workers=1).to_dict()
     applied = []
     for step in range(2, 61):
         records = [r.to_dict() for r in loop.records if r.step < step]
-        decision = decide(records[-100:], policy, applied, config)
+        decision = decide(records[-100:], policy, applied, config, cores=cores)
         if decision is not None:
             replayed.append((step + 1, decision.changes, decision.reason))
             applied.append({"version": len(applied) + 2, "effective_step": step + 2,
