@@ -14,8 +14,8 @@ In order, the first rule that has something to do wins:
    covers it (a narrower swap window, else a larger S); else more workers, then more steps for
    a round (a larger S while d is short of the interval, else a longer interval with S along;
    in the workers' change when their bound leaves the duty above the target, a worker on the
-   training thread's own core counting for no capacity), then a larger
-   S (before a second longer interval when steps still wait at the bound);
+   training thread's own core counting for no capacity), then a larger S (before a second
+   longer interval when steps still wait at the bound);
 3. the step waits for a slower tier -> a device budget that holds the disk's share too, or
    disk -> host, or a larger budget on the faster tier;
 4. with room to spare (duty under half), where the operator asks for fresher bases (`freshen`)
