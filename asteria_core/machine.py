@@ -46,12 +46,10 @@ class Machine:
         """Refresh workers: one per core (more cannot run at once); 2 on the smallest box."""
         return max(2, self.cores)
 
-    def rank_cores(self, environ: dict[str, str] | None = None) -> int:
-        """The cores one process of this node's data-parallel ranks has (torchrun's
-        LOCAL_WORLD_SIZE of them share the machine; all of them for a single process)."""
-        text = (os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "1")
-        local = int(text) if text.strip().isdigit() else 1
-        return max(1, self.cores // max(1, local))
+    def rank_cores(self, local_ranks: int) -> int:
+        """The cores one of `local_ranks` processes on this machine has (a node's data-parallel
+        ranks share it), at least one."""
+        return max(1, self.cores // max(1, local_ranks))
 
     @property
     def max_threads(self) -> int:

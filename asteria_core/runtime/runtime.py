@@ -43,6 +43,7 @@ from asteria_core.autopilot import Autopilot, AutopilotConfig
 from asteria_core.distributed import VersionExchange
 from asteria_core.distributed.attach import DataParallel, attach, data_parallel, shared_run_id
 from asteria_core.distributed.rebalance import Rebalancer
+from asteria_core.distributed.topology import Topology
 from asteria_core.machine import MACHINE
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.policy import LivePolicy, Policy
@@ -130,7 +131,7 @@ class Runtime:
             self.autopilot = Autopilot(
                 self.policy, config.autopilot or AutopilotConfig(),
                 decides=self.data_parallel is None or self.data_parallel.policy_sync.rank == 0,
-                cores=MACHINE.rank_cores() if self.data_parallel is not None else MACHINE.cores)
+                cores=MACHINE.rank_cores(self._local_ranks()))
             self._listeners.append(self.autopilot.observe)
         self._boundary_hooks: list[StepHook] = []
         self._between_hooks: list[StepHook] = []
@@ -248,6 +249,12 @@ class Runtime:
     def world(self) -> int:
         """Ranks of the data-parallel run this runtime is one of (1: a single process)."""
         return self.data_parallel.world if self.data_parallel is not None else 1
+
+    def _local_ranks(self) -> int:
+        """Data-parallel ranks on this machine (torchrun's layout; 1 for a single process)."""
+        if self.data_parallel is None:
+            return 1
+        return Topology.from_env(self.world, self.data_parallel.policy_sync.rank).local_world
 
     @property
     def exchange(self) -> VersionExchange | None:
