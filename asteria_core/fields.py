@@ -20,8 +20,9 @@ import math
 import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
+
+from asteria_core.compat import StrEnum
 
 AUTO = "auto"
 _KEY = "setting"  # the metadata key a field's Setting lives under

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from asteria_core.compat import StrEnum
 from asteria_core.fields import AUTO, Kind, Setting, choice, problems, setting, settings_of
 from asteria_core.machine import MACHINE
 

@@ -4,7 +4,7 @@ in SQLite (each member is its value); code compares with the members."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from asteria_core.compat import StrEnum
 
 
 class RunStatus(StrEnum):

@@ -10,11 +10,16 @@ token; mutating calls send `Authorization: Bearer <token>`.
 
 from __future__ import annotations
 
+import sys
 import threading
-from enum import StrEnum
 from typing import Any
 
 import httpx
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10: the standard backport
+    from backports.strenum import StrEnum
 
 
 class RunStatus(StrEnum):

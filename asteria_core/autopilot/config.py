@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from asteria_core.compat import StrEnum
 from asteria_core.fields import Kind, Setting
 from asteria_core.policy import FIELDS, MAX_STEPS, policy_fields
 

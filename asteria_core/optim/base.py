@@ -15,11 +15,11 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
-from enum import StrEnum
 from typing import Any, Protocol
 
 import torch
 
+from asteria_core.compat import StrEnum
 from asteria_core.optim.layout import (
     Layout,
     chunk_slice,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import torch
 
+from asteria_core.compat import StrEnum
 from asteria_core.optim.kl_shampoo import KLShampoo
 from asteria_core.optim.shampoo import Shampoo
 from asteria_core.optim.soap import SOAP

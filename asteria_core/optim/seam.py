@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import NamedTuple
 
 import torch
 
+from asteria_core.compat import StrEnum
 from asteria_core.optim.matrix_functions import (
     eigh_descending,
     inverse_root,

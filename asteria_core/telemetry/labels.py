@@ -5,7 +5,7 @@ plain values (what records, JSON and Prometheus labels carry); code compares wit
 
 from __future__ import annotations
 
-from enum import StrEnum
+from asteria_core.compat import StrEnum
 
 
 class Phase(StrEnum):

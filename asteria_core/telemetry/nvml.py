@@ -17,9 +17,9 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from asteria_core.compat import StrEnum
 from asteria_core.telemetry.energy import Reading
 
 log = logging.getLogger(__name__)

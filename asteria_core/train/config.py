@@ -12,11 +12,11 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from asteria_core.autopilot.config import Mode
 from asteria_core.autopilot.section import AutopilotSection
+from asteria_core.compat import StrEnum
 from asteria_core.fields import Kind, choice, setting
 from asteria_core.machine import MACHINE
 from asteria_core.optim.registry import OPTIMIZERS, spec_of

@@ -12,9 +12,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import yaml
 
+from asteria_core.compat import tomllib
 from asteria_core.policy import PolicyError
 from asteria_core.train.config import ConfigError, RunConfig
 
