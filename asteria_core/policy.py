@@ -221,16 +221,36 @@ class PolicyChange:
 Validator = Callable[[Policy], None]
 
 
+class PolicyBusy(RuntimeError):
+    """Another change is being validated and stored; this one was not taken (try again)."""
+
+
+class PolicyMoved(RuntimeError):
+    """A change was queued since the caller read the policy (`stage`'s `if_newest`)."""
+
+
 class LivePolicy:
-    """The policy in force, plus changes queued for the next step boundary (thread-safe)."""
+    """The policy in force, plus changes queued for the next step boundary (thread-safe).
+
+    A change is proposed in two steps, so that whoever stores it durably does so with no lock
+    held that the training thread takes: `stage` validates it and gives it a version of its
+    own (never given to another change, even if this one is dropped), then the caller stores
+    it and `queue`s it for the step boundary, or `drop`s it. One change is staged at a time;
+    `propose` does all of it at once for callers that store nothing.
+    """
 
     def __init__(self, initial: Policy | None = None, *, version: int = 1,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, issued: int = 0) -> None:
         self._lock = threading.Lock()
+        self._slot_free = threading.Condition(self._lock)
         self._current = initial or Policy()
         self._version = version
         self._newest = self._current
         self._newest_version = version
+        self._issued = max(version, issued)
+        """The highest version ever given to a change (`issued`: one a store has seen)."""
+        self._staged: tuple[PolicyChange, Policy] | None = None
+        self._claimed = False
         self._pending: list[PolicyChange] = []
         self._history: list[PolicyChange] = []
         self._last_boundary = start_step
@@ -249,55 +269,112 @@ class LivePolicy:
     def version(self) -> int:
         return self._version
 
+    @property
+    def issued(self) -> int:
+        """The highest version given to any change so far (queued, applied or dropped)."""
+        return self._issued
+
     def add_validator(self, validator: Validator) -> None:
         """A runtime part's extra check (raises PolicyError), run on every proposed policy."""
         self._validators.append(validator)
 
     def propose(self, changes: Mapping[str, Any], *, client: str = "local",
-                requested_at: float | None = None, reason: str = "") -> PolicyChange:
-        """Validate `changes` over the newest policy and queue them; raises PolicyError.
-        `requested_at`: when it was asked for, if not now (a change queued again when a run
-        resumes)."""
-        with self.proposing(changes, client=client, requested_at=requested_at,
-                            reason=reason) as change:
-            pass
+                requested_at: float | None = None, reason: str = "",
+                version: int | None = None) -> PolicyChange:
+        """Validate `changes` over the newest policy and queue them; raises PolicyError, or
+        PolicyBusy while another change is staged. `requested_at`: when it was asked for, if
+        not now (a change queued again when a run resumes)."""
+        change = self.stage(changes, client=client, requested_at=requested_at, reason=reason,
+                            version=version)
+        self.queue(change)
         return change
 
-    @contextmanager
-    def proposing(self, changes: Mapping[str, Any], *, client: str = "local",
-                  requested_at: float | None = None,
-                  reason: str = "") -> Iterator[PolicyChange]:
-        """`propose`, with the accepted change held while the caller's block runs: it is
-        queued when the block ends, and not at all if the block raises. The control plane
-        writes the change to its store there, so a change it acknowledges is durable and a
-        change it could not store is never applied:
+    def stage(self, changes: Mapping[str, Any], *, client: str = "local",
+              requested_at: float | None = None, reason: str = "", wait: float = 0.0,
+              if_newest: int | None = None, version: int | None = None) -> PolicyChange:
+        """Validate `changes` over the newest policy and give the change a new version; it
+        is queued by `queue` (or given up by `drop`). Raises PolicyError (invalid), PolicyBusy
+        (another change stays staged for more than `wait` seconds), PolicyMoved (`if_newest`
+        given and the newest version is another: a change was queued since). `version`: the
+        one a stored change was given (queued again when its run resumes), above the newest.
 
-            with live.proposing({"staleness_bound": 3}, client=who) as change:
-                store.add_policy_change(run_id, change, durable=True)
-
-        No other change is proposed or applied meanwhile: the block runs under the policy's
-        lock, so it must not call this `LivePolicy` itself."""
+        The validators run with no lock held (one may touch the disk), so a step boundary
+        never waits on them; the staged slot keeps other proposals out meanwhile."""
         unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
             raise PolicyError(unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
         with self._lock:
+            if not self._slot_free.wait_for(lambda: not self._claimed, timeout=wait):
+                raise PolicyBusy("another policy change is being stored; try again")
+            if if_newest is not None and if_newest != self._newest_version:
+                raise PolicyMoved(f"version {self._newest_version} was queued since")
+            self._claimed = True
             base = self._newest
+        try:
             try:
                 proposed = dataclasses.replace(base, **changes)
             except TypeError as err:  # pragma: no cover - unknown fields are caught above
                 raise PolicyError("policy", str(err)) from err
             for validator in self._validators:
                 validator(proposed)
-            diff = {k: (getattr(base, k), v) for k, v in changes.items() if getattr(base, k) != v}
-            change = PolicyChange(version=self._newest_version + 1,
+        except BaseException:
+            self._release()
+            raise
+        diff = {k: (getattr(base, k), v) for k, v in changes.items() if getattr(base, k) != v}
+        with self._lock:
+            if version is not None and version <= self._newest_version:
+                self._claimed = False
+                self._slot_free.notify()
+                raise ValueError(f"version {version} is not above {self._newest_version}")
+            self._issued = self._issued + 1 if version is None else max(self._issued, version)
+            change = PolicyChange(version=self._issued if version is None else version,
                                   effective_step=self._last_boundary + 1 + self.apply_after,
-                                  diff=diff,
-                                  client=client,
+                                  diff=diff, client=client,
                                   requested_at=time.time() if requested_at is None
                                   else requested_at, reason=reason)
-            yield change
-            self._newest, self._newest_version = proposed, change.version
+            self._staged = (change, proposed)
+        return change
+
+    def queue(self, change: PolicyChange) -> None:
+        """Queue the staged `change` for the next step boundary."""
+        with self._lock:
+            if self._staged is None or self._staged[0] is not change:
+                raise RuntimeError(f"policy version {change.version} is not the staged change")
+            self._newest, self._newest_version = self._staged[1], change.version
             self._pending.append(change)
+            self._staged, self._claimed = None, False
+            self._slot_free.notify()
+
+    def drop(self, change: PolicyChange) -> None:
+        """Give up the staged `change` (it could not be stored); its version is not reused."""
+        with self._lock:
+            if self._staged is not None and self._staged[0] is change:
+                self._staged, self._claimed = None, False
+                self._slot_free.notify()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._claimed = False
+            self._slot_free.notify()
+
+    @contextmanager
+    def proposing(self, changes: Mapping[str, Any], *, client: str = "local",
+                  requested_at: float | None = None, reason: str = "",
+                  wait: float = 0.0) -> Iterator[PolicyChange]:
+        """`stage`, then the caller's block, then `queue`: not queued at all if the block
+        raises. No lock is held while the block runs (the staged slot keeps other proposals
+        out), so a block that stores the change makes no step boundary wait:
+
+            with live.proposing({"staleness_bound": 3}, client=who) as change:
+                store.add_policy_change(run_id, change)"""
+        change = self.stage(changes, client=client, requested_at=requested_at, reason=reason,
+                            wait=wait)
+        try:
+            yield change
+        except BaseException:
+            self.drop(change)
+            raise
+        self.queue(change)
 
     def apply_pending(self, step: int) -> list[PolicyChange]:
         """At the boundary after `step`: make queued changes current, from step + 1 on."""
@@ -332,6 +409,7 @@ class LivePolicy:
             self._current, self._version = policy, version
             if version > self._newest_version:  # a rank that proposes nothing follows rank 0
                 self._newest, self._newest_version = policy, version
+            self._issued = max(self._issued, version)
             self._taken = []
             self._history.extend(applied)
         return applied

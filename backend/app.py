@@ -263,7 +263,8 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = RunStore(settings.resolved_db_path, flush_seconds=settings.store_flush_seconds)
+        store = RunStore(settings.resolved_db_path, flush_seconds=settings.store_flush_seconds,
+                         data_dir=settings.data_dir)
         interrupted = store.mark_interrupted()
         if interrupted:
             log.warning("runs left active by a previous process, now interrupted: %s",

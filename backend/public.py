@@ -39,7 +39,8 @@ def run(row: dict[str, Any]) -> dict[str, Any]:
         if key in config.get(section, {}):
             config[section][key] = _name(config[section][key])
     error = row.get("error")
-    return {**row, "run_dir": f"runs/{row['id']}", "config": config,
+    run_dir = f"runs/{row['id']}" if row.get("run_dir") else None
+    return {**row, "run_dir": run_dir, "config": config,
             "policy": policy(row.get("policy")),
             "error": error.split(":", 1)[0] if error else error}
 

@@ -82,6 +82,9 @@ class RunRecorder:
         at its last boundary is audited here, as no record follows it."""
         self.audit()
         self.store.set_status(self.run_id, status, error=error)
+        # Training is over: a reader told the run ended finds all its records in the store
+        # (bounded; while the store cannot be written, reads show the status from memory).
+        self.store.flush()
 
     def announce_end(self, status: RunStatus, error: str | None = None) -> None:
         """Tell live clients the run ended (SSE is public: an error's kind only)."""
@@ -96,13 +99,14 @@ class RunRecorder:
         and flushed record by record before the checkpoint: the sequence has no gap."""
         stored = self.store.last_step(self.run_id)
         if stored < step:
-            self.store.restore_steps(self.run_id, _records(steps_file, after=stored, until=step))
+            self.store.restore_steps(self.run_id,
+                                     records_between(steps_file, after=stored, until=step))
         self.store.drop_steps_after(self.run_id, step)
         self.store.set_checkpoint(self.run_id, step)
         self.live.update(step=step, checkpoint_step=step)
 
 
-def _records(path: Path, *, after: int, until: int) -> list[tuple[int, str]]:
+def records_between(path: Path, *, after: int, until: int) -> list[tuple[int, str]]:
     """(step, record JSON) of the steps in (after, until] from a run's steps.jsonl."""
     found: list[tuple[int, str]] = []
     if not path.is_file():

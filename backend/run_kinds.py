@@ -21,6 +21,7 @@ from asteria_core.runtime import Runtime
 from asteria_core.train.config import RunConfig
 from asteria_core.train.trainer import Trainer
 from backend.recorder import RunRecorder
+from backend.run_lock import RunFolderLock
 from backend.run_states import RunCommand, RunStatus
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,11 @@ class LaunchedRun(ActiveRun):
     """A run the control plane trains itself, from a `RunConfig`, in a thread of its own."""
 
     def __init__(self, run_id: str, config: RunConfig, policy: LivePolicy,
-                 recorder: RunRecorder, *, resume_step: int | None = None) -> None:
+                 recorder: RunRecorder, *, resume_step: int | None = None,
+                 folder_lock: RunFolderLock | None = None) -> None:
         super().__init__(run_id, policy, recorder)
+        self.folder_lock = folder_lock
+        """Held while this process trains in the run's folder (released when it ends)."""
         self.config = config
         self.resume_step = resume_step
         """A resumed run: the step of its checkpoint, where stored pending changes take effect."""
@@ -142,6 +146,8 @@ class LaunchedRun(ActiveRun):
             error = f"{type(err).__name__}: {err}"
         finally:
             self.recorder.ended(status, error)
+            if self.folder_lock is not None:
+                self.folder_lock.release()
             ended(self)
             self.recorder.announce_end(status, error)
 

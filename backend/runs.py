@@ -21,16 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from asteria_core.autopilot import Autopilot, Proposal
-from asteria_core.policy import LivePolicy, Policy, PolicyChange
+from asteria_core.policy import LivePolicy, Policy, PolicyBusy, PolicyChange
 from asteria_core.runtime import Runtime
+from asteria_core.train.checkpoint import load as load_checkpoint
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from backend.events import Broadcaster
 from backend.live import LiveView
-from backend.recorder import RunRecorder
+from backend.recorder import RunRecorder, records_between
 from backend.run_kinds import ActiveRun, AttachedRun, LaunchedRun, RunConflict
+from backend.run_lock import RunFolderBusy, RunFolderLock
 from backend.run_states import RESUMABLE, RunCommand, RunStatus
-from backend.store import RunStore
+from backend.store import DURABLE_WRITE_SECONDS, RunStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,29 @@ class RunManager:
         self.last_telemetry = None
         """The telemetry of the newest run, kept after it ends so /metrics keeps its final
         values (Prometheus and Grafana would otherwise go blank between runs)."""
+        self._learn_checkpoints()
+
+    def _learn_checkpoints(self) -> None:
+        """A process that died may have written a checkpoint file the store had not yet
+        learnt of (the training thread never waits for the store): the file names its step."""
+        for row in self.store.list_runs():
+            if row["status"] != RunStatus.INTERRUPTED or not row["run_dir"]:
+                continue
+            path = Path(row["run_dir"]) / "checkpoint.pt"
+            try:
+                step = _checkpoint_step(path) if path.is_file() else None
+            except RunConflict as err:
+                log.warning("run %s: %s", row["id"], err)
+                continue
+            if step is None or step == row["checkpoint_step"]:
+                continue
+            stored = self.store.last_step(row["id"])
+            try:  # the records up to it too, from the run's steps.jsonl (as a resume does)
+                self.store.restore_steps(row["id"], records_between(
+                    path.parent / "steps.jsonl", after=stored, until=step))
+            except StoreError as err:
+                log.warning("run %s: %s (a resume restores them)", row["id"], err)
+            self.store.set_checkpoint(row["id"], step)
 
     # ------------------------------------------------------------------ queries
     def active(self) -> ActiveRun | None:
@@ -100,10 +125,16 @@ class RunManager:
         with self._lock:
             self._check_idle()
             live = LivePolicy(policy or config.policy)
-            self.store.create_run(run_id, config_to_dict(config), str(self.runs_dir / run_id),
-                                  config.train.steps)
+            folder = _lock_folder((self.runs_dir / run_id).absolute())
+            try:
+                self.store.create_run(run_id, config_to_dict(config), folder.path.parent,
+                                      config.train.steps)
+            except BaseException:
+                folder.release()
+                raise
             self.store.set_policy(run_id, live.current.to_dict(), live.version)
-            self._launch(LaunchedRun(run_id, config, live, self._recorder(run_id, live)))
+            self._launch(LaunchedRun(run_id, config, live, self._recorder(run_id, live),
+                                     folder_lock=folder))
         return self.get(run_id)
 
     def resume(self, run_id: str) -> dict[str, Any]:
@@ -119,21 +150,29 @@ class RunManager:
         if row["status"] not in RESUMABLE:
             raise RunConflict(f"run {run_id} is {row['status']}; only "
                               f"{', '.join(RESUMABLE)} runs can be resumed")
-        checkpoint = Path(row["run_dir"]) / "checkpoint.pt"
+        checkpoint = Path(row["run_dir"] or self.runs_dir / run_id) / "checkpoint.pt"
         if not checkpoint.is_file():
             raise RunConflict(f"run {run_id} has no checkpoint to resume from")
         config = config_from_dict(row["config"])
         config = dataclasses.replace(
-            config, train=dataclasses.replace(config.train, resume=str(checkpoint)))
+            config, train=dataclasses.replace(config.train, resume=str(checkpoint),
+                                              out_dir=str(checkpoint.parent.parent)))
         with self._lock:
             self._check_idle()
-            live = self._stored_policy(row)
-            self.store.set_status(run_id, RunStatus.RUNNING, checked=True)
+            folder = _lock_folder(checkpoint.parent)
+            try:
+                # the file names its own step: the store may not have learnt of it yet
+                step = _checkpoint_step(checkpoint)
+                live = self._stored_policy(row, step)
+                self.store.set_status(run_id, RunStatus.RUNNING, checked=True)
+            except BaseException:
+                folder.release()
+                raise
             self._launch(LaunchedRun(run_id, config, live, self._recorder(run_id, live),
-                                     resume_step=row["checkpoint_step"] or 0))
+                                     resume_step=step, folder_lock=folder))
         return self.get(run_id)
 
-    def _stored_policy(self, row: dict[str, Any]) -> LivePolicy:
+    def _stored_policy(self, row: dict[str, Any], checkpoint_step: int) -> LivePolicy:
         """The policy a resumed run continues under, with every change ever acknowledged: the
         stored policy, plus the changes in the audit that it does not hold yet (a PATCH is
         answered only once its change is stored). Those in force before the checkpoint are
@@ -146,18 +185,15 @@ class RunManager:
                 continue
             values = {k: new for k, (_, new) in change.diff.items()}
             applied = change.applied_at is not None
-            if applied and change.effective_step <= (row["checkpoint_step"] or 0) and \
-                    not later:
+            if applied and change.effective_step <= checkpoint_step and not later:
                 policy, version = dataclasses.replace(policy, **values), change.version
             else:
                 later.append((values, change))
-        live = LivePolicy(policy, version=version)
+        # versions go on above every one the store has seen: none is given out twice
+        live = LivePolicy(policy, version=version, issued=self.store.issued_version(row["id"]))
         for values, change in later:
-            requeued = live.propose(values, client=change.client,
-                                    requested_at=change.requested_at)
-            if requeued.version != change.version:
-                log.warning("run %s: stored policy version %d requeued as version %d",
-                            row["id"], change.version, requeued.version)
+            live.propose(values, client=change.client, requested_at=change.requested_at,
+                         reason=change.reason, version=change.version)
         return live
 
     def command(self, run_id: str, command: RunCommand) -> dict[str, Any]:
@@ -170,8 +206,16 @@ class RunManager:
         """Queue a change for the next step boundary, stored (pending) before it is queued and
         acknowledged: a crash before that boundary loses no change that was answered 200."""
         live = self._require_active(run_id).policy
-        with live.proposing(changes, client=client) as change:
-            self.store.add_policy_change(run_id, change, durable=True)
+        try:
+            change = live.stage(changes, client=client, wait=DURABLE_WRITE_SECONDS)
+        except PolicyBusy as err:
+            raise StoreError(f"{err} (another change is still being written)") from err
+        try:
+            self.store.write_policy_change(run_id, change)  # no lock held: training goes on
+        except BaseException:
+            live.drop(change)
+            raise
+        live.queue(change)
         return change
 
     def autopilot(self, run_id: str) -> Autopilot:
@@ -187,8 +231,8 @@ class RunManager:
         """Apply the autopilot's open proposal, stored (pending) before it is queued, as a
         PATCH is."""
         return self.autopilot(run_id).accept(
-            proposal_id, within=lambda change: self.store.add_policy_change(run_id, change,
-                                                                            durable=True))
+            proposal_id, within=lambda change: self.store.write_policy_change(run_id, change),
+            wait=DURABLE_WRITE_SECONDS)
 
     def policy(self, run_id: str) -> tuple[dict[str, Any], int, list[PolicyChange]]:
         active = self._active
@@ -215,7 +259,10 @@ class RunManager:
             lr = runtime.optimizer.param_groups[0]["lr"]
             config = {"optim": {"name": runtime.optimizer_name, "lr": float(lr)},
                       "runtime": {"attached": True}}
-            self.store.create_run(runtime.run_id, config, str(runtime.run_dir), total_steps)
+            # the script's folder if it made one; none else (it keeps its own files)
+            folder = Path(runtime.run_dir).absolute()
+            self.store.create_run(runtime.run_id, config, folder if folder.is_dir() else "",
+                                  total_steps)
             self.store.set_policy(runtime.run_id, runtime.policy.current.to_dict(),
                                   runtime.policy.version)
             recorder = self._recorder(runtime.run_id, runtime.policy)
@@ -264,3 +311,17 @@ class RunManager:
         with self._lock:
             if self._active is run:
                 self._active = None
+
+
+def _lock_folder(folder: Path) -> RunFolderLock:
+    try:
+        return RunFolderLock(folder)
+    except RunFolderBusy as err:
+        raise RunConflict(str(err)) from None
+
+
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return int(load_checkpoint(path)["step"])
+    except (ValueError, OSError, KeyError, TypeError) as err:
+        raise RunConflict(f"the checkpoint {path} cannot be resumed: {err}") from None

@@ -82,7 +82,10 @@ class RunPublic(BaseModel):
     checkpoint_step: int | None
     created_at: float
     updated_at: float
-    run_dir: str
+    run_dir: str | None = Field(description=(
+        "The run's folder (checkpoints, step records), as an absolute path on the server; "
+        "anonymous readers see it relative to the data folder. null for a run a script "
+        "attached: the script keeps its own files."))
     error: str | None
     config: dict[str, dict[str, Any]]
     policy_version: int

@@ -23,7 +23,7 @@ from typing import Any
 
 from asteria_core.autopilot.config import AutopilotConfig, AutopilotError, Mode
 from asteria_core.autopilot.decide import AUTOPILOT, Decision, decide, direction, window_size
-from asteria_core.policy import LivePolicy, PolicyChange, PolicyError
+from asteria_core.policy import LivePolicy, PolicyBusy, PolicyChange, PolicyError, PolicyMoved
 from asteria_core.telemetry.records import AutopilotFigures, StepRecord
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,6 @@ MAX_RECORDS = 4096
 """Records kept: two rounds at a refresh interval of up to about 2000 steps."""
 MAX_KEPT = 200
 """Proposals and decisions kept for the API (the audit keeps every applied change)."""
-
-
-class _Moved(Exception):
-    """The policy moved between a decision and its proposal (nothing is queued)."""
 
 
 class NoProposal(AutopilotError):
@@ -185,15 +181,15 @@ class Autopilot:
         return proposal
 
     def _apply(self, proposal: Proposal, outcome: str,
-               within: Callable[[PolicyChange], None] | None = None) -> None:
+               within: Callable[[PolicyChange], None] | None = None,
+               wait: float = 0.0) -> None:
+        """Stage the proposal's change, let `within(change)` store it (the control plane),
+        queue it. Superseded when an operator's change was queued or is being stored since the
+        decision (it wins); rejected (and held) when the policy refuses it."""
         try:
-            with self.live.proposing(proposal.changes, client=AUTOPILOT,
-                                     reason=proposal.reason) as change:
-                if change.version != self.live.version + 1:
-                    raise _Moved  # an operator's change came in since the decision: it wins
-                if within is not None:
-                    within(change)
-        except _Moved:
+            change = self.live.stage(proposal.changes, client=AUTOPILOT, reason=proposal.reason,
+                                     if_newest=self.live.version, wait=wait)
+        except (PolicyMoved, PolicyBusy):
             proposal.status = Outcome.SUPERSEDED
             return
         except PolicyError as err:
@@ -203,6 +199,13 @@ class Autopilot:
             self._hold(proposal.changes)  # not asked again at every boundary
             log.warning("autopilot: %s refused: %s", proposal.changes, err)
             return
+        if within is not None:
+            try:
+                within(change)
+            except BaseException:
+                self.live.drop(change)
+                raise
+        self.live.queue(change)
         proposal.status, proposal.version = outcome, change.version
         self._count(proposal.changes, outcome)
         log.info("autopilot v%d: %s", change.version, proposal.reason)
@@ -221,20 +224,27 @@ class Autopilot:
 
     # ----------------------------------------------------------------- the operator's answers
     def accept(self, proposal_id: int,
-               within: Callable[[PolicyChange], None] | None = None) -> Proposal:
+               within: Callable[[PolicyChange], None] | None = None,
+               wait: float = 0.0) -> Proposal:
         """Apply an open proposal now (as the autopilot's change); raises AutopilotError when it
         is not open, PolicyError when the policy refuses it. `within(change)` runs before the
-        change is queued (`LivePolicy.proposing`: the control plane stores it there); if it
-        raises, nothing is queued and the proposal stays open."""
+        change is queued, with no lock held that the training thread takes (the control plane
+        stores the change there); if it raises, nothing is queued and the proposal stays open.
+        `wait`: seconds to wait for another change being stored (`LivePolicy.stage`)."""
         with self._lock:
-            proposal = self._open(proposal_id)
-            self._apply(proposal, Outcome.ACCEPTED, within)
-            if proposal.status == Outcome.REJECTED:
-                raise PolicyError(next(iter(proposal.changes)), proposal.reason)
-            if proposal.status == Outcome.SUPERSEDED:
-                raise ProposalNotOpen("proposal", f"{proposal_id}: a change queued since "
-                                                  "comes first; the next window decides again")
-            return dataclasses.replace(proposal)
+            proposal = dataclasses.replace(self._open(proposal_id))
+        self._apply(proposal, Outcome.ACCEPTED, within, wait)  # on a copy: no lock held
+        with self._lock:
+            kept = self._find(proposal_id)
+            if kept is not None and proposal.status != Outcome.PROPOSED:
+                kept.status, kept.version, kept.reason = (proposal.status, proposal.version,
+                                                          proposal.reason)
+        if proposal.status == Outcome.REJECTED:
+            raise PolicyError(next(iter(proposal.changes)), proposal.reason)
+        if proposal.status == Outcome.SUPERSEDED:
+            raise ProposalNotOpen("proposal", f"{proposal_id}: a change queued since "
+                                              "comes first; the next window decides again")
+        return proposal
 
     def dismiss(self, proposal_id: int) -> Proposal:
         """Drop an open proposal; its fields are held from the autopilot for `hold` steps from
@@ -251,6 +261,9 @@ class Autopilot:
         now = self._records[-1][0].step if self._records else 0
         for name in changes:
             self._holds[name] = max(self._holds.get(name, 0), now + self._config.hold)
+
+    def _find(self, proposal_id: int) -> Proposal | None:
+        return next((p for p in self._proposals if p.id == proposal_id), None)
 
     def _open(self, proposal_id: int) -> Proposal:
         for p in self._proposals:

@@ -5,7 +5,14 @@ import pytest
 
 import asteria_core.policy as policy_module
 from asteria_core.fields import Setting
-from asteria_core.policy import FIELDS, LivePolicy, Policy, PolicyError, policy_fields
+from asteria_core.policy import (
+    FIELDS,
+    LivePolicy,
+    Policy,
+    PolicyBusy,
+    PolicyError,
+    policy_fields,
+)
 
 
 def test_defaults_are_valid_and_serialisable():
@@ -148,7 +155,8 @@ def test_a_field_added_to_a_subclass_is_described_and_validated():
 
 def test_a_change_held_by_proposing_is_queued_only_if_the_block_ends_cleanly():
     """The control plane stores a change inside `proposing`: a store that fails leaves nothing
-    queued (and the version free); one that succeeds queues exactly the change it stored."""
+    queued, and its version is never given to another change (a write that failed may still
+    have reached the disk); one that succeeds queues exactly the change it stored."""
     live = LivePolicy(Policy())
     with pytest.raises(OSError, match="disk full"), \
             live.proposing({"staleness_bound": 3}, client="op") as change:
@@ -158,6 +166,25 @@ def test_a_change_held_by_proposing_is_queued_only_if_the_block_ends_cleanly():
     assert live.current.staleness_bound == 10
     with live.proposing({"staleness_bound": 4}, client="op") as stored:
         pass
-    assert live.pending() == [stored] and stored.version == 2
+    assert live.pending() == [stored] and stored.version == 3
     [applied] = live.apply_pending(2)
-    assert applied.version == 2 and live.current.staleness_bound == 4
+    assert applied.version == 3 and live.current.staleness_bound == 4
+
+
+def test_a_staged_change_holds_no_lock_the_step_boundary_takes():
+    """While a change is staged (the control plane writing it to disk), the boundary applies
+    and reads go on at once; a second proposal waits for the slot or is told it is busy."""
+    live = LivePolicy(Policy())
+    staged = live.stage({"staleness_bound": 3}, client="op")
+    assert live.apply_pending(1) == [] and live.pending() == [] and live.version == 1
+    with pytest.raises(PolicyBusy):
+        live.propose({"refresh_interval": 5})
+    live.queue(staged)
+    later = live.propose({"refresh_interval": 5})
+    assert (staged.version, later.version) == (2, 3)
+    assert [c.version for c in live.apply_pending(2)] == [2, 3]
+
+
+def test_versions_continue_above_those_a_store_has_seen():
+    live = LivePolicy(Policy(), version=4, issued=9)  # versions up to 9 were given out before
+    assert live.propose({"staleness_bound": 3}).version == 10
