@@ -174,6 +174,12 @@ class RunStore:
         db = self._connect()
         try:
             yield db
+        except sqlite3.DatabaseError as err:  # a page damaged since the check at start
+            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
+                raise StoreError(f"the run store is busy ({err}); try again") from err
+            raise StoreError(f"the run store {self.path} could not be read ({err}); it may be "
+                             f"damaged: stop the server and run `sqlite3 {self.path} 'PRAGMA "
+                             "integrity_check'`") from err
         finally:
             db.close()
 

@@ -64,6 +64,10 @@ def test_plain_loop_serves_metrics_and_applies_a_policy_patch_at_the_reported_st
     assert "asteria_steps_total" in metrics and f'run_id="{run_id}"' in metrics
     assert "asteria_preconditioner_staleness_max_steps" in metrics
 
+    # The run's folder is the script's: shown only where the script made one, as it is.
+    run_dir = httpx.get(f"{url}/runs/{run_id}", headers=auth).json()["run_dir"]
+    assert run_dir is None or (Path(run_dir).is_absolute() and Path(run_dir).is_dir()), run_dir
+
     # Runs the server did not launch cannot be started next to it, checkpointed or resumed.
     assert httpx.post(f"{url}/runs", json={}, headers=auth).status_code == 409
     conflict = httpx.post(f"{url}/runs/{run_id}/checkpoint", headers=auth)
