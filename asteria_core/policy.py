@@ -284,10 +284,8 @@ class LivePolicy:
         """Validate `changes` over the newest policy and queue them; raises PolicyError, or
         PolicyBusy while another change is staged. `requested_at`: when it was asked for, if
         not now (a change queued again when a run resumes)."""
-        change = self.stage(changes, client=client, requested_at=requested_at, reason=reason,
-                            version=version)
-        self.queue(change)
-        return change
+        return self.queue(self.stage(changes, client=client, requested_at=requested_at,
+                                     reason=reason, version=version))
 
     def stage(self, changes: Mapping[str, Any], *, client: str = "local",
               requested_at: float | None = None, reason: str = "", wait: float = 0.0,
@@ -335,15 +333,19 @@ class LivePolicy:
             self._staged = (change, proposed)
         return change
 
-    def queue(self, change: PolicyChange) -> None:
-        """Queue the staged `change` for the next step boundary."""
+    def queue(self, change: PolicyChange) -> PolicyChange:
+        """Queue the staged `change` for the next step boundary; returns it with the step it
+        takes effect from (boundaries may have passed while it was stored)."""
         with self._lock:
             if self._staged is None or self._staged[0] is not change:
                 raise RuntimeError(f"policy version {change.version} is not the staged change")
             self._newest, self._newest_version = self._staged[1], change.version
+            change = dataclasses.replace(
+                change, effective_step=self._last_boundary + 1 + self.apply_after)
             self._pending.append(change)
             self._staged, self._claimed = None, False
             self._slot_free.notify()
+        return change
 
     def drop(self, change: PolicyChange) -> None:
         """Give up the staged `change` (it could not be stored); its version is not reused."""

@@ -32,9 +32,13 @@ from backend.recorder import RunRecorder, records_between
 from backend.run_kinds import ActiveRun, AttachedRun, LaunchedRun, RunConflict
 from backend.run_lock import RunFolderBusy, RunFolderLock
 from backend.run_states import RESUMABLE, RunCommand, RunStatus
-from backend.store import DURABLE_WRITE_SECONDS, RunStore, StoreError
+from backend.store import RunStore, StoreError
 
 log = logging.getLogger(__name__)
+SLOT_WAIT_SECONDS = 0.5
+"""How long a change waits for another one being written (a write takes milliseconds): while
+the store is locked, a second change is answered 503 at once instead of holding a server
+thread for the first one's whole wait."""
 
 __all__ = ["ActiveRun", "RunConflict", "RunManager", "RunNotFound"]
 
@@ -207,16 +211,15 @@ class RunManager:
         acknowledged: a crash before that boundary loses no change that was answered 200."""
         live = self._require_active(run_id).policy
         try:
-            change = live.stage(changes, client=client, wait=DURABLE_WRITE_SECONDS)
+            change = live.stage(changes, client=client, wait=SLOT_WAIT_SECONDS)
         except PolicyBusy as err:
-            raise StoreError(f"{err} (another change is still being written)") from err
+            raise StoreError(str(err)) from err
         try:
             self.store.write_policy_change(run_id, change)  # no lock held: training goes on
         except BaseException:
             live.drop(change)
             raise
-        live.queue(change)
-        return change
+        return live.queue(change)
 
     def autopilot(self, run_id: str) -> Autopilot:
         """The active run's autopilot (a second-order optimizer's; 409 otherwise)."""
@@ -232,7 +235,7 @@ class RunManager:
         PATCH is."""
         return self.autopilot(run_id).accept(
             proposal_id, within=lambda change: self.store.write_policy_change(run_id, change),
-            wait=DURABLE_WRITE_SECONDS)
+            wait=SLOT_WAIT_SECONDS)
 
     def policy(self, run_id: str) -> tuple[dict[str, Any], int, list[PolicyChange]]:
         active = self._active

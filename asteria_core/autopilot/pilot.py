@@ -205,7 +205,7 @@ class Autopilot:
             except BaseException:
                 self.live.drop(change)
                 raise
-        self.live.queue(change)
+        change = self.live.queue(change)
         proposal.status, proposal.version = outcome, change.version
         self._count(proposal.changes, outcome)
         log.info("autopilot v%d: %s", change.version, proposal.reason)
