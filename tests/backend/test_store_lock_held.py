@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 
@@ -120,3 +121,25 @@ def test_a_spill_file_left_at_a_crash_is_written_at_the_next_start(tmp_path, mon
         assert set(range(61 - first.spill.records, 61)) <= spilled
     finally:
         again.close(timeout=5)
+
+
+def test_a_policy_change_waits_out_a_short_hold_and_is_on_disk_when_it_returns(store):
+    db = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    db.execute("BEGIN IMMEDIATE")
+    released: list[float] = []
+
+    def release():
+        released.append(time.monotonic())
+        db.execute("ROLLBACK")
+
+    timer = threading.Timer(1.0, release)  # well within the change's wait
+    timer.start()
+    change = LivePolicy().stage({"staleness_bound": 3})
+    store.write_policy_change("r", change)
+    returned = time.monotonic()
+    timer.join()
+    db.close()
+    assert returned >= released[0]
+    with sqlite3.connect(store.path) as other:  # committed: another connection sees it
+        assert other.execute("SELECT version FROM policy_changes").fetchall() == [(2,)]
+    other.close()
