@@ -26,6 +26,7 @@ class PhaseTimer:
     """Times the phases of one step at a time; `finish()` returns {phase: seconds}."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.cuda = device.type == "cuda"
         self.in_step = False
         """True between `start_step` and `finish` (telemetry attributes waits by it)."""
@@ -36,6 +37,13 @@ class PhaseTimer:
         self._span_event: torch.cuda.Event | None = None
         self._step_start = 0.0
         self._generation = 0
+
+    def set_device(self, device: torch.device) -> None:
+        """Time on `device` from the next step on (between steps only)."""
+        if self.in_step:
+            raise RuntimeError("the timer's device changes between steps only")
+        self.device = device
+        self.cuda = device.type == "cuda"
 
     @property
     def current_phase(self) -> str | None:

@@ -186,6 +186,15 @@ class TierStore:
         self._homes = {k: v for k, v in self._homes.items()
                        if self.entries[self._entry_id(*k)].tier == Tier.HOST}
 
+    def set_device(self, device: torch.device) -> None:
+        """The parameters train on `device` (they moved after the store was built): re-plan
+        there, so device-homed state moves with them and host-homed state gets its pinned homes
+        and copies (a CPU machine's host tier is used in place)."""
+        if device == self.device:
+            return
+        self.device = device
+        self.migrate(self.live.current)
+
     # ------------------------------------------------------------------ residency protocol
     def begin_step(self, order: list[int]) -> None:
         self._raise_errors()
