@@ -25,6 +25,7 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from asteria_core.policy import LivePolicy, Policy, PolicyError
 from asteria_core.telemetry.labels import TIERS, IdleCause, Tier
 from asteria_core.telemetry.records import TierFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
+from asteria_core.tiers.copies import HostCopies, copies_for
 from asteria_core.tiers.disk import (
     DiskTier,
     TierFileError,
@@ -66,8 +68,12 @@ TIER_FIELDS = ("device_budget_bytes", "host_budget_bytes", "disk_dir", "offload_
 
 class TierStore:
     def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy, run_dir: Path,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None,
+                 copies: Callable[[torch.device], HostCopies | None] = copies_for) -> None:
+        """`copies` makes the host-state copies for a device (tiers/copies.py; a test passes a
+        fake of the CUDA streams there)."""
         self.opt = optimizer
+        self._make_copies = copies
         self.live = policy
         self.run_dir = Path(run_dir)
         self.reporter = reporter or NullReporter()
@@ -83,6 +89,9 @@ class TierStore:
                 ids.append(len(self.entries))
                 self.entries.append(Entry(index, path, tuple(t.shape), t.dtype, classify(path)))
         self.device = self.params[0].device if self.params else torch.device("cpu")
+        self._copies = copies(self.device)
+        """Host-homed state to and from the device; None where the host tier is used in place
+        (a CPU machine)."""
         self.hits = self.misses = 0
         self.disk: DiskTier | None = None
         self.results: ResultFiles | None = None
@@ -181,7 +190,7 @@ class TierStore:
                     groups.append((f"p{index}.{lifecycle}", lifecycle, start, parts))
             self._offsets[index] = layout
             self._groups[index] = groups
-            self._host_staged[index] = [self.entries[i] for i in ids if self.device.type != "cpu"
+            self._host_staged[index] = [self.entries[i] for i in ids if self._copies is not None
                                         and self.entries[i].tier == Tier.HOST]
         self._homes = {k: v for k, v in self._homes.items()
                        if self.entries[self._entry_id(*k)].tier == Tier.HOST}
@@ -192,7 +201,9 @@ class TierStore:
         and copies (a CPU machine's host tier is used in place)."""
         if device == self.device:
             return
+        self._drain()
         self.device = device
+        self._copies = self._make_copies(device)
         self.migrate(self.live.current)
 
     # ------------------------------------------------------------------ residency protocol
@@ -210,9 +221,9 @@ class TierStore:
     def acquire(self, index: int, state: dict) -> None:
         if index not in self._adopted:
             return  # the first update creates the state; release places it
-        for e in self._host_staged.get(index, ()):  # CUDA: pinned host -> device
-            set_leaf(state, e.path, self._homes[e.param, e.path].to(self.device,
-                                                                     non_blocking=True))
+        for e in self._host_staged.get(index, ()):  # pinned host -> device, asynchronous
+            key = (e.param, e.path)
+            set_leaf(state, e.path, self._copies.to_device(key, self._homes[key]))
         if not self._offsets.get(index):
             self._prefetch_after(index)
             return
@@ -254,10 +265,13 @@ class TierStore:
         if index not in self._adopted:
             self._adopt(index, state)
             return
-        for e in self._host_staged.get(index, ()):
-            if writes == Writes.ALL or (writes == Writes.STEP and e.lifecycle != READ):
-                self._homes[e.param, e.path].copy_(get_leaf(state, e.path))
-            set_leaf(state, e.path, self._homes[e.param, e.path])
+        for e in self._host_staged.get(index, ()):  # device -> pinned host, off the stream
+            key = (e.param, e.path)
+            home, t = self._homes[key], get_leaf(state, e.path)
+            if t is not home and (writes == Writes.ALL or
+                                  (writes == Writes.STEP and e.lifecycle != READ)):
+                self._copies.to_host(key, home, t)
+            set_leaf(state, e.path, home)
         if index not in self._held:
             return
         # The state stays resident ("lingers") until another parameter is needed, so the
@@ -388,8 +402,11 @@ class TierStore:
             task[0](*task[1:])
 
     def _drain(self) -> None:
-        """Wait for every write; drop prefetched loads (their buffers are clean)."""
+        """Wait for every write (copies to host homes too: the host reads them next); drop
+        prefetched loads (their buffers are clean)."""
         self._flush()
+        if self._copies is not None:
+            self._copies.settle()
         for done, out in list(self._loads.values()):
             done.wait()
             if out[0] is not None:
@@ -462,10 +479,10 @@ class TierStore:
             match e.tier:
                 case Tier.DEVICE:
                     set_leaf(state, e.path, copy_out(t, self.device))
-                case Tier.HOST if self.device.type == "cpu":
+                case Tier.HOST if self._copies is None:
                     set_leaf(state, e.path, copy_out(t))
                 case Tier.HOST:
-                    home = self._homes[e.param, e.path] = t.to("cpu").pin_memory()
+                    home = self._homes[e.param, e.path] = self._copies.pin(t)
                     release_loaded(t)
                     set_leaf(state, e.path, home)
                 case Tier.DISK:
