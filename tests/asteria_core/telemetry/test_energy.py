@@ -318,3 +318,16 @@ def test_the_estimate_counts_the_cpu_of_processes_the_run_started_alive_and_reap
     reaped = meter.joules()
     assert reaped >= 0.4 and reaped - alive < 0.4, (alive, reaped)  # counted once, not twice
     assert run_cpu_seconds() >= time.process_time()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_meter_finds_cuda_0_in_nvml_by_its_identity():
+    telemetry = Telemetry(TelemetryConfig(**NVML_ONLY))
+    telemetry.set_device(torch.device("cuda", 0))
+    assert telemetry.energy.availability()["nvml"], telemetry.energy_sources()
+    torch.ones(4096, 4096, device="cuda").matmul(torch.ones(4096, 4096, device="cuda"))
+    torch.cuda.synchronize()
+    telemetry.energy.poll(force=True)
+    readings = [r for r in telemetry.energy.readings() if r.source == "nvml"]
+    assert [r.device for r in readings] == ["cuda:0"] and readings[0].joules >= 0
+    telemetry.close()
