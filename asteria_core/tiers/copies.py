@@ -10,8 +10,12 @@ device at every parameter; here nothing does:
   there), copies asynchronously into the pinned home, records an event, and keeps the device
   tensor alive until the side stream has read it (`record_stream`).
 
-The host waits for the copies out (`settle`, one synchronization on the last event of the
-stream) only where it reads the homes itself: before a checkpoint, a migration or close (the
+The disk tier's staging buffers are pinned the same way (`register`), and a parameter's state
+goes in and out of its buffer by the same two copies; the writer thread waits for the copy out
+(`last_event`) before it writes the buffer to disk or frees it: off the training thread.
+
+The training thread waits for the copies out (`settle`, one synchronization on the last event of
+the stream) only where it reads the homes itself: before a checkpoint, a migration or close (the
 tier store's `_drain`). Per step the store adds no host-device synchronization; the step's one
 is the phase timer's (telemetry/timing.py). The CUDA calls go through `api` (torch.cuda), the
 seam a test fills with a fake where there is no GPU.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 Key = tuple  # (parameter index, state path)
@@ -43,6 +48,15 @@ class TorchCuda:
         """A pinned (page-locked) host copy: what an asynchronous copy needs."""
         return t.detach().to("cpu").pin_memory()
 
+    @staticmethod
+    def host_register(buf: np.ndarray) -> bool:
+        """Page-lock an existing host buffer (the disk tier's aligned staging buffers)."""
+        return int(torch.cuda.cudart().cudaHostRegister(buf.ctypes.data, buf.nbytes, 0)) == 0
+
+    @staticmethod
+    def host_unregister(buf: np.ndarray) -> None:
+        torch.cuda.cudart().cudaHostUnregister(buf.ctypes.data)
+
 
 class HostCopies:
     """Pinned host homes <-> `device`, with a side stream and events."""
@@ -54,6 +68,7 @@ class HostCopies:
         self._out: dict[Key, Any] = {}
         """The event ending the last copy out of each home, until `settle`."""
         self._last = None
+        self._registered: list[np.ndarray] = []
         self.copies_out = 0
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
@@ -80,6 +95,24 @@ class HostCopies:
         self._out[key] = self._last = event
         self.copies_out += 1
 
+    def last_event(self) -> Any:
+        """The event ending the last copy out (None when none is pending)."""
+        return self._last
+
+    def register(self, buffers: list[np.ndarray]) -> None:
+        """Pin the disk tier's staging buffers (replacing any pinned before), so copies in and
+        out of them are asynchronous too; a buffer the driver will not pin stays pageable (its
+        copies are then synchronous, still correct)."""
+        self.unregister()
+        for buf in buffers:
+            if buf.nbytes and self.api.host_register(buf):
+                self._registered.append(buf)
+
+    def unregister(self) -> None:
+        for buf in self._registered:
+            self.api.host_unregister(buf)
+        self._registered = []
+
     def settle(self) -> None:
         """The host reads the homes next: wait for every copy out (the side stream runs them in
         order, so its last event covers them all)."""
@@ -97,7 +130,11 @@ class BlockingCopies(HostCopies):
         self.device = device
         self._out = {}
         self._last = None
+        self._registered = []
         self.copies_out = 0
+
+    def register(self, buffers: list[np.ndarray]) -> None:
+        pass
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to("cpu", copy=True)

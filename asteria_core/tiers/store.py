@@ -172,6 +172,8 @@ class TierStore:
             if self.results is None:  # (results staged earlier stay valid: they are mapped)
                 self.results = ResultFiles(self.disk_folder(policy) / "results")
         self._slots = [aligned_buffer(self.plan.slot_bytes) for _ in range(self.plan.slots)]
+        if self._copies is not None:
+            self._copies.register(self._slots)  # pinned: asynchronous copies in and out
         self._free = queue.Queue()
         for i in range(len(self._slots)):
             self._free.put(i)
@@ -252,7 +254,10 @@ class TierStore:
             raise err
         self._held[index] = slot
         for e, off in self._offsets[index]:
-            set_leaf(state, e.path, self._view(slot, e, off))
+            view = self._view(slot, e, off, staged=False)
+            if self._copies is not None:  # pinned buffer -> device, asynchronous
+                view = self._copies.to_device(("slot", slot), view)
+            set_leaf(state, e.path, view)
         self._prefetch_after(index)
 
     def buffered(self, index: int) -> bool:
@@ -290,10 +295,13 @@ class TierStore:
         self._linger = None
         slot = self._held.pop(index)
         for e, off in self._offsets[index]:
-            if self.device.type != "cpu":
-                self._view(slot, e, off, staged=False).copy_(get_leaf(state, e.path))
+            if self._copies is not None:  # device -> pinned buffer, off the training stream
+                self._copies.to_host(("slot", slot), self._view(slot, e, off, staged=False),
+                                     get_leaf(state, e.path))
             set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
-        self._submit_write(index, slot, [g for g in self._groups[index] if g[1] in dirty])
+        ready = self._copies.last_event() if self._copies is not None else None
+        self._submit_write(index, slot, [g for g in self._groups[index] if g[1] in dirty],
+                           ready)
 
     def adopt_all(self) -> None:
         """Place the state now in the optimizer (after its load_state_dict)."""
@@ -368,15 +376,20 @@ class TierStore:
         finally:
             done.set()
 
-    def _submit_write(self, index: int, slot: int, dirty: list) -> None:
-        if not dirty:
+    def _submit_write(self, index: int, slot: int, dirty: list, ready=None) -> None:
+        """Write the dirty groups of the buffer `slot` and free it, on the writer thread, once
+        the device's copies out of and into it are done (`ready`, an event; None: no copies)."""
+        if not dirty and ready is None:
             self._free.put(slot)
             return
         event = self._writing[index] = threading.Event()
-        self._writes.put((self._write, index, slot, dirty, event))
+        self._writes.put((self._write, index, slot, dirty, event, ready))
 
-    def _write(self, index: int, slot: int, dirty: list, event: threading.Event) -> None:
+    def _write(self, index: int, slot: int, dirty: list, event: threading.Event,
+               ready=None) -> None:
         try:
+            if ready is not None:  # waits on the writer thread, never the training thread
+                ready.synchronize()
             self._write_groups(self._slots[slot], dirty, Tier.HOST)
         except BaseException as err:
             self._errors.append(err)
@@ -600,6 +613,8 @@ class TierStore:
                 self.disk.close()
             if self.results is not None:
                 self.results.close()
+            if self._copies is not None:
+                self._copies.unregister()
 
 
 __all__ = ["TierFileError", "TierStore"]

@@ -5,6 +5,7 @@ fake records what the copies asked of CUDA, in order, and counts host-device syn
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -33,7 +34,10 @@ class FakeEvent:
         return True
 
     def synchronize(self) -> None:
-        self.cuda.syncs += 1
+        thread = threading.current_thread().name
+        self.cuda.sync_threads.append(thread)
+        if thread == "MainThread":  # the training thread: the syncs that stall a step
+            self.cuda.syncs += 1
         self.cuda.log.append(("synchronize", self.stream))
 
 
@@ -43,7 +47,10 @@ class FakeCuda:
     def __init__(self) -> None:
         self.log: list[tuple] = []
         self.syncs = 0
+        """Host-device synchronizations on the training (main) thread."""
+        self.sync_threads: list[str] = []
         self.pinned = 0
+        self.registered: set[int] = set()
         self.training = FakeStream(self, "training")
         self.current = self.training
 
@@ -67,6 +74,13 @@ class FakeCuda:
 
     def record_stream(self, t: torch.Tensor, stream: FakeStream) -> None:
         self.log.append(("record_stream", stream.name))
+
+    def host_register(self, buf) -> bool:
+        self.registered.add(buf.ctypes.data)
+        return True
+
+    def host_unregister(self, buf) -> None:
+        self.registered.remove(buf.ctypes.data)
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         self.pinned += 1

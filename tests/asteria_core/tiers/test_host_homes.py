@@ -60,16 +60,42 @@ def test_a_checkpoint_waits_for_the_copies_out_before_reading_the_homes(tmp_path
     run.close()
 
 
+def test_disk_staging_buffers_are_pinned_and_written_after_their_copy_out_off_the_step(
+        tmp_path):
+    """Disk-homed state goes through pinned staging buffers by the same copies; the writer
+    thread, not the training thread, waits for a buffer's copy out before writing it."""
+    cuda = FakeCuda()
+    total, w = state_bytes(tmp_path / "probe")
+    disk = Policy(offload_mode="disk", device_budget_bytes=max(total // 10, w))
+    reference = Run(None, tmp_path / "ref")
+    reference.train(12)
+    run = Run(disk, tmp_path / "run", copies=lambda device: HostCopies(device, api=cuda))
+    assert len(cuda.registered) == run.store.plan.slots > 0  # every staging buffer pinned
+    run.train(2)
+    cuda.sync_threads.clear()
+    run.train(10)
+    assert cuda.syncs == 0, "a host-device synchronization on the training thread"
+    assert cuda.sync_threads and set(cuda.sync_threads) == {"tier-writer"}
+    run.close()
+    assert cuda.registered == set()  # unpinned at close
+    assert torch.equal(run.params(), reference.params())
+
+
 @pytest.mark.gpu
-def test_cuda_host_homes_are_pinned_and_training_matches_state_on_the_device(tmp_path):
+def test_cuda_host_and_disk_homes_train_as_state_on_the_device(tmp_path):
+    total, w = state_bytes(tmp_path / "probe-disk")
+    disk = Policy(offload_mode="disk", device_budget_bytes=max(total // 10, w))
     results = []
-    for policy in (Policy(offload_mode="none"), host_policy(tmp_path)):
+    for policy in (Policy(offload_mode="none"), host_policy(tmp_path), disk):
         run = Run(policy, tmp_path / str(len(results)), cuda=True)
         run.train(12)
         if policy.offload_mode == "host":
             homes = list(run.store._homes.values())
             assert homes and all(t.is_pinned() for t in homes)
             assert run.store._copies.copies_out > 0
+        if policy is disk:
+            assert run.store._copies._registered  # the staging buffers are pinned
         run.close()
         results.append(run.params().cpu())
     assert torch.allclose(results[0], results[1], rtol=0, atol=1e-6)
+    assert torch.allclose(results[0], results[2], rtol=0, atol=1e-6)
