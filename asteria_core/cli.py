@@ -214,6 +214,8 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
         print(f"asteria: run {trainer.run_id}: {n / 1e6:.2f}M parameters, optimizer "
               f"{config.optim.name}, {config.train.steps} steps on {trainer.device}; "
               f"writing {trainer.run_dir}", flush=True)
+        if trainer.runtime.telemetry is not None:
+            print(f"asteria: {trainer.runtime.telemetry.energy_sources()}", flush=True)
         if ranks.parallel:
             print(f"asteria: data-parallel on {ranks.world} ranks ({ranks.local_world} per "
                   f"node), global batch {ranks.world} x {config.data.batch_size}; rank r > 0 "

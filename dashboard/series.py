@@ -159,6 +159,13 @@ def energy(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def energy_parts(sources: list[str]) -> list[str]:
+    """The sources a run's energy sums, as runs are compared: its device part (nvml) and its
+    host part (rapl where measured, else the model estimate)."""
+    host = next((s for s in ("rapl", "model") if s in sources), None)
+    return [s for s in ("nvml", host) if s is not None and s in sources]
+
+
 def source_note(sources: list[str]) -> str:
     kinds = [f"{s} ({'measured' if s in MEASURED else 'estimate'})" for s in sources]
     return "energy source: " + ", ".join(kinds)

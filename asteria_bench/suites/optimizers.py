@@ -24,10 +24,13 @@ the stand-in for a GPU and its host (training on core 0 with one thread, Asteria
 core 1, native SOAP refreshing inline on core 0): wall-clock to the target depends on where the
 refresh runs, so every wall-clock figure names its arrangement.
 
-Energy comes from the step records' energy section: a measured source where one exists (nvml,
-rapl), otherwise the telemetry's model estimate (process CPU seconds, worker threads included,
-x 15 W, `--telemetry.model_cpu_watts 15`), labelled an estimate. For the estimate, the
-evaluations' CPU is taken out (measured around each evaluation); a measured source includes it.
+Energy comes from the step records' energy section, the device part and the host part summed
+(`total_joules`; every optimizer is counted the same, wherever its refresh runs): the device is
+the run's GPU (nvml) where there is one, the host RAPL where readable, otherwise the telemetry's
+model estimate (CPU seconds of the run's processes, worker threads and processes included,
+x 15 W, `--telemetry.model_cpu_watts 15`), labelled an estimate. `energy_source` names the
+parts summed (e.g. nvml+rapl). For the estimate, the evaluations' CPU is taken out (measured
+around each evaluation); a measured source includes it.
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ from asteria_core.train.trainer import Trainer
 TITLE = "Optimization quality: steps, wall-clock and energy to tuned AdamW's final loss"
 
 MODEL_CPU_WATTS = 15.0
-ENERGY_PREFERENCE = ("nvml", "rapl", "model")  # measured first; the model is an estimate
 ENERGY_LABELS = {
     "nvml": "measured: NVML (GPU), evaluations included",
     "rapl": "measured: RAPL (CPU package), evaluations included",
@@ -187,11 +189,15 @@ def check_split(text: str, sizes: Sizes) -> None:
 
 # ------------------------------------------------------------------------------ one run
 def _energy(record: StepRecord) -> tuple[str | None, float | None]:
-    joules = record.energy.joules if record.energy is not None else {}
-    for source in ENERGY_PREFERENCE:
-        if source in joules:
-            return source, joules[source]
-    return None, None
+    """The sources summed ('+'-joined) and the device + host total of a record."""
+    energy = record.energy
+    if energy is None or energy.total_joules is None:
+        return None, None
+    return energy.parts, energy.total_joules
+
+
+def energy_label(parts: str | None) -> str:
+    return " + ".join(ENERGY_LABELS[s] for s in parts.split("+")) if parts else "not measured"
 
 
 def peer_factory(name: str, config):
@@ -257,7 +263,7 @@ def _train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: Bench
             bar.update(1)
             if loss is not None:
                 source, joules = _energy(record)
-                if source == "model":
+                if source and "model" in source.split("+"):
                     joules -= cpu_before * MODEL_CPU_WATTS
                 curve.append({"step": step, "val_loss": loss, "wall_s": wall,
                               "energy_j": joules})
@@ -278,7 +284,7 @@ def _train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: Bench
         "run_s": time.perf_counter() - t0, "eval_cpu_s": eval_cpu,
         "l_init": curve[0]["val_loss"], "final_val_loss": curve[-1]["val_loss"],
         "wall_s": wall, "energy_j": curve[-1]["energy_j"], "energy_source": source,
-        "energy_label": ENERGY_LABELS.get(source, "not measured"),
+        "energy_label": energy_label(source),
         "stopped_at": trainer.step if trainer.step < sizes.steps else None,
         "curve": curve, "step_ms": [1e3 * s for s in step_s],
         "step_ms_median": 1e3 * statistics.median(step_s),

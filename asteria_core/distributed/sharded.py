@@ -7,7 +7,9 @@ per round (few bytes, state about one process's). The sharded mode
 DDP distributor and ZeRO-1 do: a parameter has one owner rank (`assign_param_owners`, the same
 answer on every rank). Before the optimizer's step the other ranks drop its gradient (an
 optimizer skips a parameter without one, so they never make state for it); after the step the
-owner broadcasts it, on a gloo group of its own, and every rank takes it:
+owner broadcasts it, on a group of its own over the parameters' device's backend (NCCL for CUDA
+tensors, which gloo would stage through host memory every step; gloo for host tensors), made at
+the first step, once the parameters are where they train, and every rank takes it:
 
 - `update_dtype="exact"`: the new values, in the parameter's own dtype;
 - `update_dtype="bf16"`: the step's change rounded to bfloat16 (half the bytes of float32),
@@ -29,6 +31,16 @@ import torch.distributed as dist
 from asteria_core.optim.base import BlockPreconditioner
 
 UPDATE_DTYPES = {"exact": None, "bf16": torch.bfloat16}
+
+
+def device_backend(device: torch.device) -> str:
+    """The collective backend for tensors on `device`: torch's own map (cuda: nccl, cpu:
+    gloo)."""
+    backends = dist.Backend.default_device_backend_map
+    if device.type not in backends:
+        raise ValueError(f"device: got {device}; the sharded mode's collectives run on "
+                         f"{' | '.join(backends)}")
+    return backends[device.type]
 DISTRIBUTED_STATES = ("replicated", "sharded")
 
 
@@ -83,7 +95,9 @@ class ShardedState:
                             "with update_dtype exact they must share a dtype")
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._group = dist.new_group(backend="gloo")  # collective: every rank, same order
+        self._group = None
+        """Made at the first step, over the device's backend (`step_group`)."""
+        self.backend: str | None = None
         self._before: list[torch.Tensor] = []
 
     def owns(self, index: int) -> bool:
@@ -102,9 +116,19 @@ class ShardedState:
         if self.update_dtype is not None:
             self._before = [self.params[i].detach().clone() for i in self.owned_indices()]
 
+    def step_group(self) -> dist.ProcessGroup:
+        """The group of the per-step broadcasts, made on first use (collective: every rank
+        reaches its first step's end, in the same order with respect to other groups)."""
+        if self._group is None:
+            device = self.params[0].device if self.params else torch.device("cpu")
+            self.backend = device_backend(device)
+            self._group = dist.new_group(backend=self.backend)
+        return self._group
+
     @torch.no_grad()
     def after_step(self) -> None:
         """Every owner's parameters to every rank: one broadcast per owner, in rank order."""
+        group = self.step_group()
         for owner, mine in enumerate(self._by_owner):
             if not mine:
                 continue
@@ -114,7 +138,7 @@ class ShardedState:
                 flat = self._outgoing(mine, dtype)
             else:
                 flat = torch.empty(numel, dtype=dtype, device=mine[0].device)
-            dist.broadcast(flat, src=owner, group=self._group)
+            dist.broadcast(flat, src=owner, group=group)
             nbytes = numel * flat.element_size()
             if owner == self.rank:
                 self.bytes_sent += nbytes * (self.world - 1)

@@ -95,8 +95,10 @@ class Runtime:
             LivePolicy(config.policy or Policy(), start_step=config.start_step)
         self.step = config.start_step
         """Optimizer steps done (including those of a run this one resumes)."""
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.device = params[0].device if params else torch.device("cpu")
+        self.device = self._param_device()
+        """Where the parameters train: read again at the first step (`_find_device`), since an
+        optimizer may be built before `model.cuda()`."""
+        self._device_found = False
         self.timer = PhaseTimer(self.device)
         self.reporter: RunReporter = config.reporter if config.reporter is not None else \
             make_reporter(config.telemetry or TelemetryConfig())
@@ -275,6 +277,8 @@ class Runtime:
         if self._closed:
             raise RuntimeError("this runtime is closed")
         self.end_step()
+        if not self._device_found:
+            self._find_device()
         self._step.start(self.policy.version)
         self.timer.start_step()
 
@@ -301,6 +305,26 @@ class Runtime:
         phases, wall = self.timer.finish()
         self._step.build(self.step, phases, wall, self.reporter.split_step(phases, wall),
                          sections)
+
+    def _param_device(self) -> torch.device:
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return params[0].device if params else torch.device("cpu")
+
+    def _find_device(self) -> None:
+        """At the first step: the parameters are where they train now. If they moved since the
+        runtime was built, its parts follow: the timer's events, the meter's GPU, the tier
+        store's homes (host copies exist on a GPU only)."""
+        self._device_found = True
+        device = self._param_device()
+        if device == self.device:
+            return
+        log.debug("the parameters moved from %s to %s before the first step", self.device,
+                  device)
+        self.device = device
+        self.timer.set_device(device)
+        self.reporter.set_device(device)
+        if self.tiers is not None:
+            self.tiers.set_device(device)
 
     # ----------------------------------------------------------------- the boundary's stages
     def _stages(self) -> list[Stage]:

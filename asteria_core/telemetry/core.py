@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.energy import (
     DeviceSnapshot,
     EnergyMonitor,
+    EnergyParts,
     Meter,
     ModelMeter,
     RaplMeter,
@@ -32,7 +33,7 @@ from asteria_core.telemetry.energy import (
 from asteria_core.telemetry.exporter import CONTENT_TYPE, MetricsExporter
 from asteria_core.telemetry.idle import WaitLedger, breakdown
 from asteria_core.telemetry.labels import WAIT_CAUSES, check_label
-from asteria_core.telemetry.nvml import NvmlMeter
+from asteria_core.telemetry.nvml import GpuIdentity, NvmlMeter, cuda_identity
 from asteria_core.telemetry.records import EnergyFigures, StepRecord, TimingFigures
 
 if TYPE_CHECKING:
@@ -65,8 +66,12 @@ class Telemetry:
     """Implements `RunReporter`; one instance per run, with its own metric registry."""
 
     def __init__(self, config: TelemetryConfig | None = None, *, nvml_lib: Any = None,
-                 meters: Sequence[Meter] | None = None) -> None:
+                 meters: Sequence[Meter] | None = None,
+                 identify: Callable[[torch.device], GpuIdentity | None] = cuda_identity) -> None:
+        """`nvml_lib` replaces pynvml and `identify` torch's CUDA device properties: the seams
+        for fakes of the hardware a machine lacks."""
         self.config = config or TelemetryConfig()
+        self._identify = identify
         self._exporter = MetricsExporter(self._device_snapshot)
         self._ledger = WaitLedger()
         self._timer: PhaseTimer | None = None
@@ -94,9 +99,27 @@ class Telemetry:
         if self._timer is not None:
             raise ValueError("this Telemetry is already bound to a run")
         self._timer = timer
-        self._device = device_label(device)
         self.run_id, self._optimizer = run_id, optimizer
+        self.set_device(device)
         self.set_mode("native")
+
+    def set_device(self, device: torch.device) -> None:
+        """The device the run trains on (at bind, and again if the model moved before its first
+        step): NVML meters that GPU alone."""
+        self._device = device_label(device)
+        for meter in self.energy.meters:
+            if isinstance(meter, NvmlMeter):
+                meter.bind(self._identify(device), self._device)
+        self.energy.poll(force=True)
+
+    def energy_sources(self) -> str:
+        """One line for the run's start: each energy source, measuring or why not."""
+        reasons = self.energy.reasons()
+        parts = []
+        for meter in self.energy.meters:
+            parts.append(f"{meter.source} on" if meter.available
+                         else f"{meter.source} off ({reasons[meter.source]})")
+        return "energy: " + ("; ".join(parts) if parts else "no meters configured")
 
     # ----------------------------------------------------------------------- Reporter
     @contextmanager
@@ -152,7 +175,11 @@ class Telemetry:
         joules = {**self.energy.joules_by_source(), **self._step_estimate}
         self._step_estimate = {}
         if joules:
-            record.energy = EnergyFigures(joules=joules)
+            parts = EnergyParts.of(joules)
+            record.energy = EnergyFigures(
+                joules=joules, device_joules=parts.device_joules, host_joules=parts.host_joules,
+                host_source=parts.host_source, total_joules=parts.total_joules,
+                parts=parts.sources)
         if record.eval_loss is not None:
             self._check_target(record)
 
@@ -163,11 +190,14 @@ class Telemetry:
         self._target_reached = True
         self.energy.poll(force=True)
         self._target = self.energy.joules_by_source()
+        parts = EnergyParts.of(self._target)
         if record.energy is not None:
             record.energy.to_target_joules = dict(self._target)
+            record.energy.to_target_total_joules = parts.total_joules
+        total = parts.total_joules
         log.info("eval loss %.4f reached the target %.4f at step %d; energy so far: %s",
                  record.eval_loss, target, record.step,
-                 ", ".join(f"{v:.1f} J ({k})" for k, v in self._target.items()) or "unmeasured")
+                 f"{total:.1f} J = {parts.label}" if total is not None else "unmeasured")
 
     def _device_snapshot(self) -> DeviceSnapshot:
         self.energy.poll()
@@ -179,6 +209,9 @@ class Telemetry:
             busy_timing=dict(self._busy),
             joules_per_token={s: j / tokens for s, j in joules.items()} if tokens else {},
             energy_to_target=dict(self._target),
+            parts=EnergyParts.of(joules),
+            target_parts=EnergyParts.of(self._target) if self._target else None,
+            tokens=tokens,
             target_loss=self.config.target_loss if self.config.target_loss > 0 else None,
         )
 

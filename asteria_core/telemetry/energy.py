@@ -9,13 +9,21 @@ energy_uj. The counter wraps at max_energy_range_uj, so a reading below the prev
 one wrap (polls must come more often than one wrap period, minutes even at full load). Since
 Linux 5.10, energy_uj is readable by root only; a non-root process gets no RAPL series.
 
-Model: process CPU seconds x a configured number of watts per busy core. It is an estimate, and
-is only ever exported with source="model".
+Model: CPU seconds of every process the run started x a configured number of watts per busy
+core: this process (its threads) and its child processes, live ones read from /proc and those
+already reaped from os.times() (a refresh worker process is the run's work: left out, the host's
+share of an optimizer that refreshes on the host would go uncounted). It is an estimate, and is
+only ever exported with source="model".
+
+Parts: NVML meters the device, RAPL or the model the host (labels.PART_OF_SOURCE). A figure that
+sums energy says which parts and sources it sums (`EnergyParts`), and a comparison between
+optimizers uses the total, so work moved from the device to the host is still counted.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -24,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from asteria_core.telemetry.labels import SOURCES
+from asteria_core.telemetry.labels import HOST_SOURCES, SOURCES, EnergySource
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +77,70 @@ class _Rate:
         return (joules - last[1]) / (now - last[0])
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of `pid` (every thread's, from /proc; empty where unreadable)."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one live process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14, 15)
+
+
+def run_cpu_seconds() -> float:
+    """CPU seconds of this process and every process it started: live descendants from /proc,
+    reaped children from os.times() (a child is in exactly one of the two)."""
+    times = os.times()
+    total = time.process_time() + times.children_user + times.children_system
+    seen, todo = set(), _children(os.getpid())
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _proc_cpu_seconds(pid)
+        todo.extend(_children(pid))
+    return total
+
+
 class ModelMeter:
-    """Estimate: process CPU seconds since start x `watts` (per fully busy core)."""
+    """Estimate: CPU seconds of the run's processes since start x `watts` (per busy core)."""
 
     source = "model"
     available = True
     reason = ""
 
-    def __init__(self, watts: float) -> None:
+    def __init__(self, watts: float, cpu_seconds=run_cpu_seconds) -> None:
         if not watts > 0:
             raise ValueError(f"watts: got {watts!r}; allowed: a number > 0")
         self.watts = watts
-        self._start = time.process_time()
+        self._cpu_seconds = cpu_seconds
+        self._start = cpu_seconds()
         self._rate = _Rate()
 
     def joules(self) -> float:
         """The estimate now, without touching the power rate of `read` (telemetry reads this at
         every step's end, so a step record is credited its own CPU time, not a poll's lump)."""
-        return (time.process_time() - self._start) * self.watts
+        return (self._cpu_seconds() - self._start) * self.watts
 
     def read(self) -> list[Reading]:
         joules = self.joules()
@@ -185,9 +239,9 @@ class EnergyMonitor:
         self._readings: list[Reading] = []
         self._closed = False
         for meter in self.meters:
-            if not meter.available:
-                log.info("energy source %s unavailable: %s; no %s series", meter.source,
-                         meter.reason, meter.source)
+            if not meter.available:  # said to the user by the run's start line and metrics
+                log.debug("energy source %s unavailable: %s; no %s series", meter.source,
+                          meter.reason, meter.source)
         self.poll(force=True)  # the baseline reading
 
     def availability(self) -> dict[str, bool]:
@@ -196,6 +250,10 @@ class EnergyMonitor:
         for meter in self.meters:
             out[meter.source] = out[meter.source] or meter.available
         return out
+
+    def reasons(self) -> dict[str, str]:
+        """Why each configured source measures nothing here (absent when it measures)."""
+        return {m.source: m.reason for m in self.meters if not m.available}
 
     def poll(self, *, force: bool = False) -> bool:
         """Read every meter if the interval has passed (or `force`); True when it did."""
@@ -228,6 +286,50 @@ class EnergyMonitor:
 
 
 @dataclass(frozen=True, slots=True)
+class EnergyParts:
+    """Energy split into the device part and the host part, and their sum, each naming what
+    it sums: a figure without its parts cannot be compared with another run's."""
+
+    device_joules: float | None
+    """The run's own GPU (nvml); None when it is not metered (a CPU run, or no NVML)."""
+    host_joules: float | None
+    """The host: RAPL where readable, else the model estimate; None when neither is on."""
+    host_source: str | None
+    """rapl | model: which one the host part is."""
+
+    @property
+    def total_joules(self) -> float | None:
+        parts = [j for j in (self.device_joules, self.host_joules) if j is not None]
+        return sum(parts) if parts else None
+
+    @property
+    def sources(self) -> str:
+        """The sources the total sums, '+'-joined (e.g. nvml+rapl); '' when none."""
+        names = [EnergySource.NVML] if self.device_joules is not None else []
+        names += [self.host_source] if self.host_joules is not None else []
+        return "+".join(str(n) for n in names)
+
+    @property
+    def label(self) -> str:
+        """What the total sums, for people: e.g. "device (nvml) + host (model estimate)"."""
+        out = []
+        if self.device_joules is not None:
+            out.append("device (nvml)")
+        if self.host_joules is not None:
+            out.append("host (model estimate)" if self.host_source == EnergySource.MODEL
+                       else f"host ({self.host_source})")
+        return " + ".join(out)
+
+    @classmethod
+    def of(cls, joules: dict[str, float]) -> EnergyParts:
+        """The parts of per-source joules: device from nvml, host from the first host source
+        present (measured before the estimate)."""
+        host = next((s for s in HOST_SOURCES if s in joules), None)
+        return cls(joules.get(EnergySource.NVML), joules[host] if host else None,
+                   str(host) if host else None)
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSnapshot:
     """Device and energy figures at one scrape, as the exporter renders them."""
 
@@ -239,4 +341,9 @@ class DeviceSnapshot:
     joules_per_token: dict[str, float]
     energy_to_target: dict[str, float]
     """Per source: joules used until eval loss first reached the target; empty until then."""
+    parts: EnergyParts
+    """The energy since start, split into device and host parts."""
+    target_parts: EnergyParts | None
+    """The energy to the target, split likewise; None until the target is reached."""
+    tokens: int
     target_loss: float | None

@@ -30,7 +30,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from asteria_core.telemetry.energy import DeviceSnapshot
-from asteria_core.telemetry.labels import IDLE_CAUSES, PHASES
+from asteria_core.telemetry.labels import IDLE_CAUSES, PART_OF_SOURCE, PHASES, EnergyPart
 from asteria_core.telemetry.records import StepRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -112,15 +112,25 @@ class _DeviceCollector(Collector):
                                       "no series).", labels=["source"])
         for source, ok in snap.available.items():
             available.add_metric([source], 1.0 if ok else 0.0)
-        per_token = GaugeMetricFamily("asteria_joules_per_token", "Energy since start divided "
-                                      "by tokens trained since start.", labels=["source"])
+        per_token = GaugeMetricFamily(
+            "asteria_joules_per_token", "Energy since start divided by tokens trained since "
+            "start: per source with its part (device: nvml; host: rapl or the model estimate), "
+            "and part=total, the device and host parts summed (source names what it sums, e.g. "
+            "nvml+rapl): the figure to compare runs by.", labels=["part", "source"])
         for source, value in snap.joules_per_token.items():
-            per_token.add_metric([source], value)
-        to_target = GaugeMetricFamily("asteria_energy_to_target_joules", "Energy used until "
-                                      "eval loss first reached the target; set once.",
-                                      labels=["source"])
+            per_token.add_metric([PART_OF_SOURCE[source], source], value)
+        total = snap.parts.total_joules
+        if total is not None and snap.tokens:
+            per_token.add_metric([EnergyPart.TOTAL, snap.parts.sources], total / snap.tokens)
+        to_target = GaugeMetricFamily(
+            "asteria_energy_to_target_joules", "Energy used until eval loss first reached the "
+            "target, set once: per source with its part, and part=total (device + host; source "
+            "names what it sums).", labels=["part", "source"])
         for source, value in snap.energy_to_target.items():
-            to_target.add_metric([source], value)
+            to_target.add_metric([PART_OF_SOURCE[source], source], value)
+        target = snap.target_parts
+        if target is not None and target.total_joules is not None:
+            to_target.add_metric([EnergyPart.TOTAL, target.sources], target.total_joules)
         yield from (busy, energy, power, mem_used, mem_total, available, per_token, to_target)
         if snap.target_loss is not None:
             yield GaugeMetricFamily("asteria_target_eval_loss", "The configured target eval "

@@ -43,6 +43,19 @@ class EnergySource(StrEnum):
     MODEL = "model"  # an estimate: CPU seconds x watts
 
 
+class EnergyPart(StrEnum):
+    """Which side of the machine a source meters: a comparison between runs sums both."""
+
+    DEVICE = "device"  # the run's own GPU (nvml)
+    HOST = "host"  # the CPU side: packages and DRAM (rapl), else the estimate (model)
+    TOTAL = "total"  # device + host, the parts measured or estimated here
+
+
+PART_OF_SOURCE = {EnergySource.NVML: EnergyPart.DEVICE, EnergySource.RAPL: EnergyPart.HOST,
+                  EnergySource.MODEL: EnergyPart.HOST}
+HOST_SOURCES = (EnergySource.RAPL, EnergySource.MODEL)
+"""The host part's sources, the first present wins: measured before the estimate."""
+
 PHASES = tuple(p.value for p in Phase)
 IDLE_CAUSES = tuple(c.value for c in IdleCause)
 WAIT_CAUSES = tuple(c.value for c in IdleCause if c != IdleCause.OTHER)

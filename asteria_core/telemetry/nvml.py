@@ -5,19 +5,29 @@ the driver loaded, Volta and newer), differenced from the first reading, so inte
 exact joules. Power is `nvmlDeviceGetPowerUsage` (mW; a 1 s average on Ampere and newer),
 utilization the share of the last sample period in which a kernel ran.
 
-Each query is probed once per device at start. A missing library, driver or query leaves that
-series absent and logs one line saying why; a query that starts failing later is dropped the
-same way. The NVML library is injected (`lib`), which is the seam tests use for a fake.
+The meter reads the one GPU this process trains on (`bind`), never every GPU it can see: under
+torchrun each rank meters its own device, so the ranks' figures add up to the node's instead of
+each rank reporting the node. NVML numbers devices its own way (PCI bus order), CUDA by speed
+unless CUDA_DEVICE_ORDER=PCI_BUS_ID, and CUDA_VISIBLE_DEVICES renumbers them again, so
+`cuda:i` is matched to its NVML device by UUID, else by PCI address, from
+`torch.cuda.get_device_properties(i)`; never by index.
+
+Each query is probed once at bind. A missing library, driver, device or query leaves that series
+absent and says why (`reason`, logged at DEBUG: availability reaches the user through the
+records, the metrics and the run's start line); a query that starts failing later is dropped
+with a warning. The NVML library is injected (`lib`), and the CUDA side (`cuda_identity`) is a
+function the caller passes: the seams tests use for fakes.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from asteria_core.compat import StrEnum
 from asteria_core.telemetry.energy import Reading
@@ -45,21 +55,49 @@ class _Device:
     energy_base_mj: int = 0
 
 
-def visible_nvml_ids(env: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as NVML ids (indices or UUIDs); None when unset (all devices)."""
-    if env is None:
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What CUDA says of one device, to find it among NVML's."""
+
+    label: str
+    """cuda:<index as this process sees it>."""
+    uuid: str | None
+    """Lower-case hex digits and dashes, without NVML's "GPU-" prefix."""
+    pci: tuple[int, int, int] | None
+    """(domain, bus, device) of its PCI address."""
+
+
+def normal_uuid(uuid: str | bytes) -> str:
+    """A UUID as torch and NVML both spell it once NVML's prefix is dropped."""
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    text = text.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        text = text.removeprefix(prefix)
+    return text
+
+
+def cuda_identity(device: torch.device) -> GpuIdentity | None:
+    """The identity of a CUDA device from torch (None for any other device type)."""
+    if device.type != "cuda":
         return None
-    return [part.strip() for part in env.split(",") if part.strip()]
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    pci = None
+    if all(hasattr(props, f) for f in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        pci = (int(props.pci_domain_id), int(props.pci_bus_id), int(props.pci_device_id))
+    return GpuIdentity(f"cuda:{index}", normal_uuid(str(uuid)) if uuid is not None else None,
+                       pci)
 
 
 class NvmlMeter:
-    """NVML readings for the GPUs this process can see, labelled cuda:<visible index>."""
+    """NVML readings for the one GPU this process trains on, once `bind` names it."""
 
     source = "nvml"
 
     def __init__(self, lib: Any = None) -> None:
         self.devices: list[_Device] = []
-        self.reason = ""
+        self.reason = "no GPU bound: the run's device is not known yet"
         self._lib = None
         try:
             self._lib = lib if lib is not None else importlib.import_module("pynvml")
@@ -71,42 +109,69 @@ class NvmlMeter:
             except self._lib.NVMLError as err:
                 self.reason = f"NVML could not start: {err}"
                 self._lib = None
-        if self._lib is not None:
-            self.devices = self._open_devices()
-            if not any(NvmlQuery.ENERGY in d.queries for d in self.devices):
-                self.reason = self.reason or "no GPU with NVML's total-energy counter"
-        self.available = any(NvmlQuery.ENERGY in d.queries for d in self.devices)
+        self.available = False
 
-    def _open_devices(self) -> list[_Device]:
-        lib = self._lib
-        ids = visible_nvml_ids(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if ids is None:
-            ids = [str(i) for i in range(lib.nvmlDeviceGetCount())]
-        devices = []
-        for index, nvml_id in enumerate(ids):
-            label = f"cuda:{index}"
+    def bind(self, identity: GpuIdentity | None, device_name: str = "cpu") -> None:
+        """Meter the GPU `identity` names (None: the run is on `device_name`, no GPU of its
+        own, so no series). Binding again replaces the device and restarts its count."""
+        self.devices = []
+        if self._lib is not None:
+            if identity is None:
+                self.reason = f"the run trains on {device_name}: no GPU of its own to meter"
+            else:
+                device = self._open(identity)
+                if device is not None:
+                    self.devices = [device]
+                    self.reason = "" if NvmlQuery.ENERGY in device.queries else \
+                        f"{identity.label} has no NVML total-energy counter"
+        self.available = any(NvmlQuery.ENERGY in d.queries for d in self.devices)
+        if not self.available:
+            log.debug("NVML: no energy series (%s)", self.reason)
+
+    def _open(self, identity: GpuIdentity) -> _Device | None:
+        handle = self._find(identity)
+        if handle is None:
+            self.reason = (f"no NVML device matches {identity.label} (uuid {identity.uuid}, "
+                           f"pci {identity.pci})")
+            return None
+        device = _Device(identity.label, handle)
+        for query in QUERIES:
             try:
-                if nvml_id.isdigit():
-                    handle = lib.nvmlDeviceGetHandleByIndex(int(nvml_id))
-                else:
-                    handle = lib.nvmlDeviceGetHandleByUUID(nvml_id)
-            except lib.NVMLError as err:
-                log.warning("NVML: no handle for %s (CUDA_VISIBLE_DEVICES entry %r): %s; "
-                            "no series for it", label, nvml_id, err)
+                value = self._query(query)(handle)
+            except self._lib.NVMLError as err:
+                log.debug("NVML: %s of %s unavailable (%s); that series is absent",
+                          query, identity.label, err)
                 continue
-            device = _Device(label, handle)
-            for query in QUERIES:
+            device.queries.add(query)
+            if query == NvmlQuery.ENERGY:
+                device.energy_base_mj = int(value)
+        return device
+
+    def _find(self, identity: GpuIdentity) -> Any:
+        """NVML's handle of the device CUDA calls `identity`: by UUID, else PCI address."""
+        lib = self._lib
+        by_pci = None
+        for index in range(lib.nvmlDeviceGetCount()):
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+            except lib.NVMLError as err:  # e.g. a device this container may not open
+                log.debug("NVML: no handle for NVML device %d: %s", index, err)
+                continue
+            if identity.uuid is not None:
                 try:
-                    value = self._query(query)(handle)
+                    if normal_uuid(lib.nvmlDeviceGetUUID(handle)) == identity.uuid:
+                        return handle
                 except lib.NVMLError as err:
-                    log.info("NVML: %s of %s unavailable (%s); that series is absent",
-                             query, label, err)
+                    log.debug("NVML: no UUID for NVML device %d: %s", index, err)
+            if identity.pci is not None and by_pci is None:
+                try:
+                    info = lib.nvmlDeviceGetPciInfo(handle)
+                except lib.NVMLError as err:
+                    log.debug("NVML: no PCI info for NVML device %d: %s", index, err)
                     continue
-                device.queries.add(query)
-                if query == NvmlQuery.ENERGY:
-                    device.energy_base_mj = int(value)
-            devices.append(device)
-        return devices
+                if (int(info.domain), int(info.bus), int(info.device)) == identity.pci:
+                    by_pci = handle
+        return by_pci
 
     def _query(self, query: str) -> Callable[[Any], Any]:
         lib = self._lib

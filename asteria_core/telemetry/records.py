@@ -76,11 +76,26 @@ class TierFigures:
 
 @dataclass(slots=True)
 class EnergyFigures:
-    """Energy since telemetry started, per source (nvml, rapl measured; model an estimate)."""
+    """Energy since telemetry started: per source (nvml, rapl measured; model an estimate), and
+    split into the run's device part and its host part, whose sum `total_joules` is the figure
+    to compare runs by (it names what it sums in `parts`)."""
 
     joules: dict[str, float]
+    """Per source."""
     to_target_joules: dict[str, float] | None = None
-    """Set on the step whose eval loss first reached the configured target."""
+    """Per source; set on the step whose eval loss first reached the configured target."""
+    device_joules: float | None = None
+    """The run's own GPU (nvml); None when not metered (a CPU run, or no NVML)."""
+    host_joules: float | None = None
+    """The host side: RAPL where readable, else the model estimate (host_source says which),
+    counting every process the run started."""
+    host_source: str | None = None
+    total_joules: float | None = None
+    """device_joules + host_joules, of the parts present."""
+    parts: str = ""
+    """The sources total_joules sums, '+'-joined: nvml+rapl, nvml+model, rapl, model, ..."""
+    to_target_total_joules: float | None = None
+    """total_joules at the target (its parts: `parts`), on the step that reached it."""
 
 
 @dataclass(slots=True)

@@ -68,6 +68,11 @@ class RunReporter(Reporter, Protocol):
         """The run's step timer (waits are attributed to its phase in progress) and identity."""
         ...
 
+    def set_device(self, device: torch.device) -> None:
+        """The parameters moved before the first step (an optimizer built before
+        `model.cuda()`): the run trains on `device`, not the one given at bind."""
+        ...
+
     def split_step(self, phase_seconds: dict[str, float], wall: float) -> TimingFigures | None:
         """At the step boundary: the finished step's compute per phase and idle per cause."""
         ...
@@ -114,6 +119,9 @@ class NullReporter:
 
     def bind(self, timer: PhaseTimer, *, device: torch.device, run_id: str,
              optimizer: str) -> None:
+        pass
+
+    def set_device(self, device: torch.device) -> None:
         pass
 
     def split_step(self, phase_seconds: dict[str, float], wall: float) -> TimingFigures | None:

@@ -25,6 +25,7 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from asteria_core.policy import LivePolicy, Policy, PolicyError
 from asteria_core.telemetry.labels import TIERS, IdleCause, Tier
 from asteria_core.telemetry.records import TierFigures
 from asteria_core.telemetry.reporter import NullReporter, Reporter
+from asteria_core.tiers.copies import HostCopies, copies_for
 from asteria_core.tiers.disk import (
     DiskTier,
     TierFileError,
@@ -66,8 +68,12 @@ TIER_FIELDS = ("device_budget_bytes", "host_budget_bytes", "disk_dir", "offload_
 
 class TierStore:
     def __init__(self, optimizer: BlockPreconditioner, policy: LivePolicy, run_dir: Path,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None,
+                 copies: Callable[[torch.device], HostCopies | None] = copies_for) -> None:
+        """`copies` makes the host-state copies for a device (tiers/copies.py; a test passes a
+        fake of the CUDA streams there)."""
         self.opt = optimizer
+        self._make_copies = copies
         self.live = policy
         self.run_dir = Path(run_dir)
         self.reporter = reporter or NullReporter()
@@ -83,6 +89,9 @@ class TierStore:
                 ids.append(len(self.entries))
                 self.entries.append(Entry(index, path, tuple(t.shape), t.dtype, classify(path)))
         self.device = self.params[0].device if self.params else torch.device("cpu")
+        self._copies = copies(self.device)
+        """Host-homed state to and from the device; None where the host tier is used in place
+        (a CPU machine)."""
         self.hits = self.misses = 0
         self.disk: DiskTier | None = None
         self.results: ResultFiles | None = None
@@ -163,6 +172,8 @@ class TierStore:
             if self.results is None:  # (results staged earlier stay valid: they are mapped)
                 self.results = ResultFiles(self.disk_folder(policy) / "results")
         self._slots = [aligned_buffer(self.plan.slot_bytes) for _ in range(self.plan.slots)]
+        if self._copies is not None:
+            self._copies.register(self._slots)  # pinned: asynchronous copies in and out
         self._free = queue.Queue()
         for i in range(len(self._slots)):
             self._free.put(i)
@@ -181,10 +192,21 @@ class TierStore:
                     groups.append((f"p{index}.{lifecycle}", lifecycle, start, parts))
             self._offsets[index] = layout
             self._groups[index] = groups
-            self._host_staged[index] = [self.entries[i] for i in ids if self.device.type != "cpu"
+            self._host_staged[index] = [self.entries[i] for i in ids if self._copies is not None
                                         and self.entries[i].tier == Tier.HOST]
         self._homes = {k: v for k, v in self._homes.items()
                        if self.entries[self._entry_id(*k)].tier == Tier.HOST}
+
+    def set_device(self, device: torch.device) -> None:
+        """The parameters train on `device` (they moved after the store was built): re-plan
+        there, so device-homed state moves with them and host-homed state gets its pinned homes
+        and copies (a CPU machine's host tier is used in place)."""
+        if device == self.device:
+            return
+        self._drain()
+        self.device = device
+        self._copies = self._make_copies(device)
+        self.migrate(self.live.current)
 
     # ------------------------------------------------------------------ residency protocol
     def begin_step(self, order: list[int]) -> None:
@@ -201,9 +223,9 @@ class TierStore:
     def acquire(self, index: int, state: dict) -> None:
         if index not in self._adopted:
             return  # the first update creates the state; release places it
-        for e in self._host_staged.get(index, ()):  # CUDA: pinned host -> device
-            set_leaf(state, e.path, self._homes[e.param, e.path].to(self.device,
-                                                                     non_blocking=True))
+        for e in self._host_staged.get(index, ()):  # pinned host -> device, asynchronous
+            key = (e.param, e.path)
+            set_leaf(state, e.path, self._copies.to_device(key, self._homes[key]))
         if not self._offsets.get(index):
             self._prefetch_after(index)
             return
@@ -232,7 +254,10 @@ class TierStore:
             raise err
         self._held[index] = slot
         for e, off in self._offsets[index]:
-            set_leaf(state, e.path, self._view(slot, e, off))
+            view = self._view(slot, e, off, staged=False)
+            if self._copies is not None:  # pinned buffer -> device, asynchronous
+                view = self._copies.to_device(("slot", slot), view)
+            set_leaf(state, e.path, view)
         self._prefetch_after(index)
 
     def buffered(self, index: int) -> bool:
@@ -245,10 +270,13 @@ class TierStore:
         if index not in self._adopted:
             self._adopt(index, state)
             return
-        for e in self._host_staged.get(index, ()):
-            if writes == Writes.ALL or (writes == Writes.STEP and e.lifecycle != READ):
-                self._homes[e.param, e.path].copy_(get_leaf(state, e.path))
-            set_leaf(state, e.path, self._homes[e.param, e.path])
+        for e in self._host_staged.get(index, ()):  # device -> pinned host, off the stream
+            key = (e.param, e.path)
+            home, t = self._homes[key], get_leaf(state, e.path)
+            if t is not home and (writes == Writes.ALL or
+                                  (writes == Writes.STEP and e.lifecycle != READ)):
+                self._copies.to_host(key, home, t)
+            set_leaf(state, e.path, home)
         if index not in self._held:
             return
         # The state stays resident ("lingers") until another parameter is needed, so the
@@ -267,10 +295,13 @@ class TierStore:
         self._linger = None
         slot = self._held.pop(index)
         for e, off in self._offsets[index]:
-            if self.device.type != "cpu":
-                self._view(slot, e, off, staged=False).copy_(get_leaf(state, e.path))
+            if self._copies is not None:  # device -> pinned buffer, off the training stream
+                self._copies.to_host(("slot", slot), self._view(slot, e, off, staged=False),
+                                     get_leaf(state, e.path))
             set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
-        self._submit_write(index, slot, [g for g in self._groups[index] if g[1] in dirty])
+        ready = self._copies.last_event() if self._copies is not None else None
+        self._submit_write(index, slot, [g for g in self._groups[index] if g[1] in dirty],
+                           ready)
 
     def adopt_all(self) -> None:
         """Place the state now in the optimizer (after its load_state_dict)."""
@@ -345,15 +376,20 @@ class TierStore:
         finally:
             done.set()
 
-    def _submit_write(self, index: int, slot: int, dirty: list) -> None:
-        if not dirty:
+    def _submit_write(self, index: int, slot: int, dirty: list, ready=None) -> None:
+        """Write the dirty groups of the buffer `slot` and free it, on the writer thread, once
+        the device's copies out of and into it are done (`ready`, an event; None: no copies)."""
+        if not dirty and ready is None:
             self._free.put(slot)
             return
         event = self._writing[index] = threading.Event()
-        self._writes.put((self._write, index, slot, dirty, event))
+        self._writes.put((self._write, index, slot, dirty, event, ready))
 
-    def _write(self, index: int, slot: int, dirty: list, event: threading.Event) -> None:
+    def _write(self, index: int, slot: int, dirty: list, event: threading.Event,
+               ready=None) -> None:
         try:
+            if ready is not None:  # waits on the writer thread, never the training thread
+                ready.synchronize()
             self._write_groups(self._slots[slot], dirty, Tier.HOST)
         except BaseException as err:
             self._errors.append(err)
@@ -379,8 +415,11 @@ class TierStore:
             task[0](*task[1:])
 
     def _drain(self) -> None:
-        """Wait for every write; drop prefetched loads (their buffers are clean)."""
+        """Wait for every write (copies to host homes too: the host reads them next); drop
+        prefetched loads (their buffers are clean)."""
         self._flush()
+        if self._copies is not None:
+            self._copies.settle()
         for done, out in list(self._loads.values()):
             done.wait()
             if out[0] is not None:
@@ -453,10 +492,10 @@ class TierStore:
             match e.tier:
                 case Tier.DEVICE:
                     set_leaf(state, e.path, copy_out(t, self.device))
-                case Tier.HOST if self.device.type == "cpu":
+                case Tier.HOST if self._copies is None:
                     set_leaf(state, e.path, copy_out(t))
                 case Tier.HOST:
-                    home = self._homes[e.param, e.path] = t.to("cpu").pin_memory()
+                    home = self._homes[e.param, e.path] = self._copies.pin(t)
                     release_loaded(t)
                     set_leaf(state, e.path, home)
                 case Tier.DISK:
@@ -574,6 +613,8 @@ class TierStore:
                 self.disk.close()
             if self.results is not None:
                 self.results.close()
+            if self._copies is not None:
+                self._copies.unregister()
 
 
 __all__ = ["TierFileError", "TierStore"]

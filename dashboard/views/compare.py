@@ -22,15 +22,15 @@ def one_run(base: str, run: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame,
     df = series.frame(state.sync(base, run["id"]))
     if df.empty:
         return df, pd.DataFrame(), {"run": name, "status": run["status"], "steps": 0}
-    sources = [s.removeprefix("joules_") for s in series.columns(df, "joules_")]
-    source = next((s for s in series.MEASURED if s in sources), sources[0] if sources else None)
+    # A comparison counts the device part and the host part alike (series.energy_parts).
+    parts = series.energy_parts([s.removeprefix("joules_") for s in series.columns(df, "joules_")])
     b = series.binned(df, 150)
-    b = b.assign(run=name, joules=b[f"joules_{source}"] if source else None)
+    b = b.assign(run=name, joules=b[[f"joules_{s}" for s in parts]].sum(
+        axis=1, min_count=len(parts)) if parts else None)
     marks = series.markers(state.history(base, run["id"]), df).assign(run=name)
     evals = df["eval_loss"].dropna() if "eval_loss" in df else pd.Series(dtype=float)
     last = df.iloc[-1]
-    joules = float(b["joules"].dropna().iloc[-1]) if source else None
-    kind = "measured" if source in series.MEASURED else "estimate"
+    joules = float(b["joules"].dropna().iloc[-1]) if parts else None
     summary = {"run": name, "status": run["status"], "steps": int(last["step"]),
                "last train loss": round(float(last["loss"]), 4) if pd.notna(last["loss"])
                else None,
@@ -38,7 +38,9 @@ def one_run(base: str, run: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame,
                "wall-clock (s)": round(float(last["elapsed"]), 1),
                "energy (J)": round(joules, 1) if joules is not None else None,
                "J/token": joules / last["tokens_total"] if joules is not None else None,
-               "energy source": f"{source} ({kind})" if source else "not reported"}
+               "energy source": " + ".join(
+                   f"{s} ({'measured' if s in series.MEASURED else 'estimate'})" for s in parts)
+               or "not reported"}
     return b[["run", "step", "elapsed", "loss", "joules"]], marks, summary
 
 

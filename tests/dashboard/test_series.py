@@ -179,3 +179,10 @@ def test_every_record_figure_the_dashboard_reads_is_in_the_published_record_sche
     assert set(top) <= set(record)
     for sec, key in (*series.SCALARS, *series.DICTS):
         assert key in section(sec), f"{sec}.{key} is not in the published StepRecord"
+
+
+def test_runs_are_compared_by_their_device_part_and_host_part_summed():
+    assert series.energy_parts(["model", "nvml", "rapl"]) == ["nvml", "rapl"]
+    assert series.energy_parts(["nvml", "model"]) == ["nvml", "model"]
+    assert series.energy_parts(["model"]) == ["model"]
+    assert series.energy_parts([]) == []

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from asteria_core.distributed.sharded import assign_param_owners
+from asteria_core.distributed.sharded import ShardedState, assign_param_owners, device_backend
 from tests.backend.conftest import free_port
 from tests.distributed.test_ddp import SCRIPT, STEPS, ranks, relative, torchrun
 
@@ -86,3 +87,54 @@ def test_parameter_owners_balance_state_and_agree_everywhere():
     assert owners == assign_param_owners(list(costs), 2)
     load = [sum(c for c, o in zip(costs, owners, strict=True) if o == r) for r in range(2)]
     assert abs(load[0] - load[1]) <= max(costs) and owners[0] == 0 and owners[2] == 1
+
+
+def test_per_step_broadcasts_go_over_the_backend_of_the_parameters_device():
+    """CUDA tensors over NCCL (gloo would stage every step's parameters through host memory),
+    host tensors over gloo; a device without a backend is refused, naming it."""
+    assert device_backend(torch.device("cuda", 1)) == "nccl"
+    assert device_backend(torch.device("cpu")) == "gloo"
+    with pytest.raises(ValueError, match="device: got meta"):
+        device_backend(torch.device("meta"))
+
+
+def one_rank_group(backend: str):
+    """A real one-rank process group (torch.distributed, in this process)."""
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def test_host_parameters_step_group_is_gloo_made_at_the_first_step():
+    one_rank_group("gloo")
+    try:
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = ShardedState(opt, 0, 1)
+        assert state.backend is None  # not before the parameters are where they train
+        model(torch.ones(2, 4)).sum().backward()
+        state.before_step()
+        opt.step()
+        state.after_step()
+        assert state.backend == "gloo"
+        assert dist.get_backend(state.step_group()) == "gloo"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_cuda_parameters_step_group_is_nccl_even_when_built_on_the_host():
+    """The optimizer is built before `model.cuda()`: the group follows where the parameters
+    are at the first step."""
+    one_rank_group("nccl")
+    try:
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = ShardedState(opt, 0, 1)
+        model.cuda()
+        model(torch.ones(2, 4, device="cuda")).sum().backward()
+        state.before_step()
+        opt.step()
+        state.after_step()
+        assert state.backend == "nccl"
+        assert dist.get_backend(state.step_group()) == "nccl"
+    finally:
+        dist.destroy_process_group()

@@ -41,14 +41,15 @@ def telemetry_run(tmp_path):
     `optimizer` names another, under `policy`)."""
     built = []
 
-    def build(*, nvml_lib=None, telemetry: dict | None = None, optimizer: str = "adamw",
-              policy: Policy | None = None, **train):
+    def build(*, nvml_lib=None, identify=None, telemetry: dict | None = None,
+              optimizer: str = "adamw", policy: Policy | None = None, **train):
         config = tiny_config(tmp_path, **train)
         tele_config = TelemetryConfig(**{"energy_poll_seconds": 0.0, **(telemetry or {})})
         config = dataclasses.replace(config, telemetry=tele_config,
                                      optim=dataclasses.replace(config.optim, name=optimizer),
                                      policy=policy or config.policy)
-        trainer = Trainer(config, reporter=Telemetry(tele_config, nvml_lib=nvml_lib))
+        seams = {"identify": identify} if identify is not None else {}
+        trainer = Trainer(config, reporter=Telemetry(tele_config, nvml_lib=nvml_lib, **seams))
         trainer.records = []  # every completed step record, in order
         trainer.runtime.add_listener(trainer.records.append)
         built.append(trainer)

@@ -26,6 +26,8 @@ class FakeGpu:
     """(used, total) bytes."""
     util_percent: int | None = 50
     uuid: str = "GPU-fake-0"
+    pci: tuple[int, int, int] = (0, 0, 0)
+    """(domain, bus, device)."""
 
 
 class FakeNvml:
@@ -63,6 +65,14 @@ class FakeNvml:
                 return i
         raise FakeNVMLError("Not Found")
 
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self.gpus[handle].uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
+        domain, bus, device = self.gpus[handle].pci
+        return SimpleNamespace(domain=domain, bus=bus, device=device,
+                               busId=f"{domain:08X}:{bus:02X}:{device:02X}.0")
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
         return self._get(handle, "energy_mj")
 
@@ -75,3 +85,12 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(gpu=self._get(handle, "util_percent"), memory=0)
+
+
+def fake_cuda_identity(uuid: str | None = "fake-0", pci=None, label: str = "cuda:0"):
+    """A fake of torch's CUDA device properties (this machine has no CUDA): whatever device the
+    run is on, CUDA calls it `label` with this UUID (torch spells it without NVML's "GPU-") and
+    PCI address."""
+    from asteria_core.telemetry.nvml import GpuIdentity
+
+    return lambda device: GpuIdentity(label, uuid, pci)

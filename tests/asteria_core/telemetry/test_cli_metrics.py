@@ -72,3 +72,16 @@ def test_train_with_metrics_port_serves_metrics_over_http(tmp_path):
 def test_metrics_port_needs_telemetry_enabled():
     with pytest.raises(ConfigError, match="telemetry.metrics_port"):
         TelemetryConfig(enabled=False, metrics_port=9400)
+
+
+def test_the_runs_start_line_says_which_energy_meters_measure(tmp_path):
+    """Where a user looks at the start, one line per run (not an INFO log per meter)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "asteria_core.cli", "train", *TINY, "--train.steps", "2",
+         "--train.out_dir", str(tmp_path), "--telemetry.model_cpu_watts", "10"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("asteria: energy: ")]
+    assert "nvml off (" in line and "model on" in line
+    assert "INFO" not in done.stderr

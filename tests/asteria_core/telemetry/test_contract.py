@@ -12,7 +12,7 @@ import asteria_core
 from asteria_core.policy import Policy
 from asteria_core.telemetry.labels import IDLE_CAUSES, PHASES
 from tests.asteria_core.telemetry.conftest import families, samples, value
-from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml
+from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml, fake_cuda_identity
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| `(asteria_\w+)` \| (\w+) \|([^|]*)\|")
@@ -49,6 +49,7 @@ def test_exposition_after_a_real_run_holds_every_contract_metric_with_type_and_l
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     trainer = tiered_soap(telemetry_run, steps=6, eval_interval=3,
                           nvml_lib=FakeNvml([FakeGpu()]),  # GPU-only series (memory, nvml)
+                          identify=fake_cuda_identity(),  # the run's "GPU" is the fake's
                           telemetry={"model_cpu_watts": 20.0, "target_loss": 100.0,
                                      "rapl": False})
     trainer.train(progress=False)

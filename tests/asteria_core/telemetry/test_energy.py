@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
 
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.core import Telemetry
-from asteria_core.telemetry.energy import EnergyMonitor, RaplMeter
-from asteria_core.telemetry.nvml import NvmlMeter
+from asteria_core.telemetry.energy import (
+    EnergyMonitor,
+    EnergyParts,
+    ModelMeter,
+    RaplMeter,
+    run_cpu_seconds,
+)
 from tests.asteria_core.telemetry.conftest import families, samples, value
-from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml
+from tests.asteria_core.telemetry.fake_nvml import FakeGpu, FakeNvml, fake_cuda_identity
 
 NVML_ONLY = {"nvml": True, "rapl": False, "model_cpu_watts": 0.0}
 
@@ -23,42 +34,41 @@ def energy_series(fams, source):
 
 def test_nvml_is_really_absent_on_this_machine_so_no_energy_series_and_availability_0(
         telemetry_run, caplog):
-    probe = NvmlMeter()  # the real pynvml
-    probe.close()
+    """A CPU run (this machine has no GPU): no NVML series, and no INFO line about it (a CPU
+    user's log stays quiet); the run's start line says why instead."""
     with caplog.at_level(logging.INFO, logger="asteria_core.telemetry"):
         trainer = telemetry_run(steps=3, telemetry=NVML_ONLY)
         trainer.train(progress=False)
     fams = families(trainer.telemetry)
-    if probe.devices:  # a GPU machine: the real NVML is measured (the fakes cover the numbers)
-        assert value(fams, "asteria_energy_source_available", source="nvml") == 1
-        assert energy_series(fams, "nvml")
-        return
     assert energy_series(fams, "nvml") == []
     assert samples(fams["asteria_energy_joules"], "_total") == []  # no source at all: no zeros
     assert samples(fams["asteria_gpu_memory_used_bytes"]) == []
     assert samples(fams["asteria_device_busy_ratio"], source="nvml") == []
     assert value(fams, "asteria_energy_source_available", source="nvml") == 0
     assert trainer.records[-1].energy is None
-    why = [r.getMessage() for r in caplog.records if "nvml unavailable" in r.getMessage()]
-    assert len(why) == 1 and "NVML" in why[0], why
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    line = trainer.telemetry.energy_sources()
+    assert line.startswith("energy: nvml off (") and ("cpu" in line or "NVML" in line), line
 
 
-def test_fake_nvml_without_a_driver_gives_no_series_and_says_why(caplog):
+def test_fake_nvml_without_a_driver_gives_no_series_and_says_why_once_at_start(caplog):
     with caplog.at_level(logging.INFO, logger="asteria_core.telemetry"):
         telemetry = Telemetry(TelemetryConfig(**NVML_ONLY),
                               nvml_lib=FakeNvml([], init_error="Driver Not Loaded"))
     fams = families(telemetry)
     assert energy_series(fams, "nvml") == []
     assert value(fams, "asteria_energy_source_available", source="nvml") == 0
-    assert any("Driver Not Loaded" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert "Driver Not Loaded" in telemetry.energy_sources()
 
 
 def test_fake_nvml_with_known_counters_gives_the_exact_joules(telemetry_run, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpu = FakeGpu(energy_mj=7_000_000, power_mw=312_500, memory=(3 << 30, 80 << 30),
-                  util_percent=87)
+                  util_percent=87, uuid="GPU-fake-0")
     nvml = FakeNvml([gpu])
-    trainer = telemetry_run(steps=10, eval_interval=5, nvml_lib=nvml, telemetry=NVML_ONLY)
+    trainer = telemetry_run(steps=10, eval_interval=5, nvml_lib=nvml, telemetry=NVML_ONLY,
+                            identify=fake_cuda_identity("fake-0"))
 
     def burn(step):  # the GPU's counter advances a known 1234 mJ per step
         gpu.energy_mj += 1234
@@ -73,7 +83,8 @@ def test_fake_nvml_with_known_counters_gives_the_exact_joules(telemetry_run, mon
     assert value(fams, "asteria_gpu_memory_used_bytes", device="cuda:0") == 3 << 30
     assert value(fams, "asteria_gpu_memory_capacity_bytes", device="cuda:0") == 80 << 30
     assert value(fams, "asteria_energy_source_available", source="nvml") == 1
-    assert value(fams, "asteria_joules_per_token", source="nvml") == (12_340 / 1000) / (10 * 128)
+    assert value(fams, "asteria_joules_per_token", part="device", source="nvml") == \
+        (12_340 / 1000) / (10 * 128)
     records = trainer.records
     assert [r.energy.joules["nvml"] for r in records] == \
         [1234 * s / 1000 for s in range(1, 11)]
@@ -83,24 +94,110 @@ def test_fake_nvml_with_known_counters_gives_the_exact_joules(telemetry_run, mon
                  source="nvml") == joules  # the last reading stays readable after close
 
 
-def test_fake_nvml_query_missing_on_one_gpu_drops_only_that_series(monkeypatch, caplog):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")  # the process sees NVML GPUs 2 and 0
-    gpus = [FakeGpu(energy_mj=500), FakeGpu(energy_mj=0), FakeGpu(energy_mj=None, power_mw=90_000)]
+def node_of_three():
+    """Three fake GPUs; NVML numbers them in PCI order, each with its own counter."""
+    return [FakeGpu(energy_mj=0, uuid=f"GPU-aaaa-{i}", pci=(0, 0x10 * (i + 1), 0))
+            for i in range(3)]
+
+
+def test_each_rank_meters_its_own_gpu_found_by_uuid_not_the_node(monkeypatch):
+    """Two ranks on a node of three fake GPUs: each rank's meter counts its own device's
+    energy only (before, every rank summed every visible GPU: the node's energy, W times)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = node_of_three()
     nvml = FakeNvml(gpus)
+    # CUDA's own order (fastest first) differs from NVML's: cuda:0 is NVML's device 2, and
+    # cuda:1 NVML's device 0; only the UUID says which is which.
+    ranks = [Telemetry(TelemetryConfig(**NVML_ONLY), nvml_lib=nvml,
+                       identify=fake_cuda_identity(uuid, label=label))
+             for uuid, label in (("aaaa-2", "cuda:0"), ("aaaa-0", "cuda:1"))]
+    for rank in ranks:
+        rank.set_device(torch.device("cuda", 0))
+    gpus[0].energy_mj += 1_000
+    gpus[1].energy_mj += 50_000  # no rank's device: counted by none
+    gpus[2].energy_mj += 7_000
+    got = []
+    for rank in ranks:
+        rank.energy.poll(force=True)
+        got.append({(r.device, r.joules) for r in rank.energy.readings()})
+        rank.close()
+    assert got == [{("cuda:0", 7.0)}, {("cuda:1", 1.0)}]
+
+
+def test_cuda_visible_devices_renumbering_is_matched_by_pci_address_when_no_uuid(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2,0 makes NVML's device 2 this process's cuda:0; with no UUID from
+    torch the PCI address finds it (never NVML index 0)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    gpus = node_of_three()
+    telemetry = Telemetry(TelemetryConfig(**NVML_ONLY), nvml_lib=FakeNvml(gpus),
+                          identify=fake_cuda_identity(None, pci=(0, 0x30, 0)))
+    telemetry.set_device(torch.device("cuda", 0))
+    gpus[0].energy_mj += 4_000
+    gpus[2].energy_mj += 3_000
+    telemetry.energy.poll(force=True)
+    assert telemetry.energy.joules_by_source() == {"nvml": 3.0}
+    telemetry.close()
+
+
+def test_no_nvml_device_matches_so_no_series_and_the_reason_names_the_device():
+    telemetry = Telemetry(TelemetryConfig(**NVML_ONLY), nvml_lib=FakeNvml(node_of_three()),
+                          identify=fake_cuda_identity("not-there", pci=(0, 0x99, 0)))
+    telemetry.set_device(torch.device("cuda", 0))
+    assert telemetry.energy.availability()["nvml"] is False
+    assert "no NVML device matches cuda:0" in telemetry.energy_sources()
+    telemetry.close()
+
+
+def test_fake_nvml_query_missing_drops_only_that_series(caplog):
+    gpus = [FakeGpu(energy_mj=None, power_mw=90_000, uuid="GPU-x")]
     with caplog.at_level(logging.INFO, logger="asteria_core.telemetry"):
-        telemetry = Telemetry(TelemetryConfig(**NVML_ONLY), nvml_lib=nvml)
-    gpus[0].energy_mj += 2_000
-    gpus[2].power_mw = 95_000
+        telemetry = Telemetry(TelemetryConfig(**NVML_ONLY), nvml_lib=FakeNvml(gpus),
+                              identify=fake_cuda_identity("x"))
+        telemetry.set_device(torch.device("cuda", 0))
+    gpus[0].power_mw = 95_000
     telemetry.energy.poll(force=True)
     fams = families(telemetry)
-    energy = {s.labels["device"]: s.value
-              for s in samples(fams["asteria_energy_joules"], "_total", source="nvml")}
-    assert energy == {"cuda:1": 2.0}  # cuda:0 is NVML GPU 2, which has no energy counter
+    assert samples(fams["asteria_energy_joules"], "_total", source="nvml") == []
     assert value(fams, "asteria_power_watts", device="cuda:0", source="nvml") == 95.0
-    assert value(fams, "asteria_energy_source_available", source="nvml") == 1
-    missing = [r.getMessage() for r in caplog.records if "energy of cuda:0" in r.getMessage()]
-    assert len(missing) == 1
+    assert value(fams, "asteria_energy_source_available", source="nvml") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
     telemetry.close()
+
+
+def test_energy_has_a_device_part_and_a_host_part_and_the_total_names_both(telemetry_run):
+    """Fake NVML for the device part, the model estimate for the host part: each record and
+    the per-token and to-target figures carry both parts and their sum, named."""
+    gpu = FakeGpu(energy_mj=0, uuid="GPU-fake-0")
+    trainer = telemetry_run(steps=6, eval_interval=3, nvml_lib=FakeNvml([gpu]),
+                            identify=fake_cuda_identity("fake-0"),
+                            telemetry={"nvml": True, "rapl": False, "model_cpu_watts": 10.0,
+                                       "target_loss": 100.0})
+    trainer.runtime.at_boundary(lambda step: setattr(gpu, "energy_mj", gpu.energy_mj + 500))
+    trainer.train(progress=False)
+    last = trainer.records[-1].energy
+    assert last.device_joules == last.joules["nvml"] == 3.0
+    assert last.host_joules == last.joules["model"] > 0 and last.host_source == "model"
+    assert last.total_joules == last.device_joules + last.host_joules
+    assert last.parts == "nvml+model"
+    hit = next(r.energy for r in trainer.records if r.energy.to_target_joules is not None)
+    assert hit.to_target_total_joules == sum(hit.to_target_joules.values())
+    fams = families(trainer.telemetry)
+    total = value(fams, "asteria_joules_per_token", part="total", source="nvml+model")
+    per_source = [value(fams, "asteria_joules_per_token", part=part, source=source)
+                  for part, source in (("device", "nvml"), ("host", "model"))]
+    assert total == pytest.approx(sum(per_source))
+    assert value(fams, "asteria_energy_to_target_joules", part="total",
+                 source="nvml+model") == pytest.approx(hit.to_target_total_joules)
+    assert "nvml on" in trainer.telemetry.energy_sources()
+
+
+def test_the_host_part_prefers_rapl_over_the_estimate():
+    parts = EnergyParts.of({"nvml": 2.0, "rapl": 5.0, "model": 9.0})
+    assert (parts.total_joules, parts.sources, parts.label) == \
+        (7.0, "nvml+rapl", "device (nvml) + host (rapl)")
+    cpu_only = EnergyParts.of({"model": 4.0})
+    assert (cpu_only.total_joules, cpu_only.sources, cpu_only.label) == \
+        (4.0, "model", "host (model estimate)")
 
 
 def write_zone(root, zone, name, energy_uj, max_uj=262_143_328_850):
@@ -182,7 +279,7 @@ def test_energy_to_target_loss_is_set_once_when_eval_loss_first_reaches_it(telem
     hits = [r for r in records if r.energy.to_target_joules is not None]
     assert [r.step for r in hits] == [3]  # the first evaluation is below 100; later ones too
     fams = families(trainer.telemetry)
-    assert value(fams, "asteria_energy_to_target_joules", source="model") == \
+    assert value(fams, "asteria_energy_to_target_joules", part="host", source="model") == \
         hits[0].energy.to_target_joules["model"]
     assert value(fams, "asteria_target_eval_loss") == 100.0
 
@@ -193,3 +290,44 @@ def test_monitor_polls_at_most_every_interval_unless_forced(tmp_path):
     write_zone(tmp_path, "intel-rapl:0", "package-0", 1_000_000)
     assert monitor.poll() is False and monitor.joules_by_source() == {"rapl": 0.0}
     assert monitor.poll(force=True) is True and monitor.joules_by_source() == {"rapl": 1.0}
+
+
+BURN_THEN_WAIT = """
+import sys, time
+t = time.process_time()
+while time.process_time() - t < 0.4:
+    pass
+print("burnt", flush=True)
+sys.stdin.read()  # alive until the test closes stdin
+"""
+
+
+def test_the_estimate_counts_the_cpu_of_processes_the_run_started_alive_and_reaped():
+    """A worker process's CPU is the run's: time.process_time() leaves it out, so an optimizer
+    refreshing in host processes looked free. Real child processes, live then reaped."""
+    meter = ModelMeter(1.0)  # 1 W per busy core: joules == CPU seconds
+    child = subprocess.Popen([sys.executable, "-c", BURN_THEN_WAIT], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "burnt"
+        alive = meter.joules()
+        assert alive >= 0.4, alive  # the live child's 0.4 s (and more) is counted
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    reaped = meter.joules()
+    assert reaped >= 0.4 and reaped - alive < 0.4, (alive, reaped)  # counted once, not twice
+    assert run_cpu_seconds() >= time.process_time()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_meter_finds_cuda_0_in_nvml_by_its_identity():
+    telemetry = Telemetry(TelemetryConfig(**NVML_ONLY))
+    telemetry.set_device(torch.device("cuda", 0))
+    assert telemetry.energy.availability()["nvml"], telemetry.energy_sources()
+    torch.ones(4096, 4096, device="cuda").matmul(torch.ones(4096, 4096, device="cuda"))
+    torch.cuda.synchronize()
+    telemetry.energy.poll(force=True)
+    readings = [r for r in telemetry.energy.readings() if r.source == "nvml"]
+    assert [r.device for r in readings] == ["cuda:0"] and readings[0].joules >= 0
+    telemetry.close()

@@ -22,21 +22,28 @@ def _every_test_here_on_one_thread(one_thread):
 class Run:
     """Model, SOAP (refresh every 5 steps) and optionally a tier store under a live policy."""
 
-    def __init__(self, policy: Policy | None, run_dir: Path, seed: int = 0) -> None:
+    def __init__(self, policy: Policy | None, run_dir: Path, seed: int = 0,
+                 copies=None, cuda: bool = False) -> None:
+        """`copies`: the tier store's host-copy maker (a fake CUDA's, where a test gives one);
+        `cuda`: train on the GPU."""
         torch.manual_seed(seed)
         layers = []
         for _ in range(NUM_LAYERS):
             layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
         self.model = torch.nn.Sequential(*layers)
+        if cuda:
+            self.model.cuda()
         self.opt = SOAP(self.model.parameters(), lr=1e-2, precondition_frequency=5)
         self.live = LivePolicy(policy) if policy is not None else None
-        self.store = None if policy is None else TierStore(self.opt, self.live, run_dir)
+        seams = {"copies": copies} if copies is not None else {}
+        self.store = None if policy is None else TierStore(self.opt, self.live, run_dir,
+                                                           **seams)
         self.data = torch.Generator().manual_seed(1)
         self.steps = 0
 
     def train(self, steps: int) -> None:
         for _ in range(steps):
-            x = torch.randn(8, WIDTH, generator=self.data)
+            x = torch.randn(8, WIDTH, generator=self.data).to(self.model[0].weight.device)
             self.model(x).square().mean().backward()
             self.opt.step()
             self.opt.zero_grad()

@@ -1,0 +1,59 @@
+"""The device check (benchmarks/gpu_check.sh) runs in CI on the CPU at its smoke size, so it
+cannot rot: the install (offline, the project into a fresh venv over this environment's
+packages), every part in order, each suite's JSON, check.json and the summary table; and it
+stops at the first failure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ["machine", "gpu-tests", "critical-path", "staleness", "tiers"]
+
+
+def check(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--offline",
+                           "--python", sys.executable, "--out", str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)  # hang guard
+
+
+def test_the_cpu_smoke_runs_every_part_and_writes_each_json_and_the_summary(tmp_path):
+    out = tmp_path / "check"
+    done = check(out, "--device", "cpu", "--size", "smoke")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    parts = json.loads((out / "check.json").read_text())["parts"]
+    assert [p["part"] for p in parts] == PARTS
+    by_part = {p["part"]: p for p in parts}
+    no_cuda = not torch.cuda.is_available()
+    assert by_part["gpu-tests"]["status"] == ("none here" if no_cuda else "passed")
+    assert all(by_part[p]["status"] == "passed" for p in PARTS if p != "gpu-tests")
+    assert "energy: " in by_part["machine"]["detail"]
+    for suite in ("critical-path", "staleness", "tiers"):
+        data = json.loads((out / f"{suite}.json").read_text())
+        assert data["suite"] == suite and data["runs"], suite
+    summary = (out / "summary.md").read_text()
+    assert all(f"| {p} |" in summary for p in PARTS)
+    assert summary in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_the_check_stops_at_the_first_failure_and_says_where(tmp_path):
+    """--device cuda on a machine without CUDA: the first part fails, nothing after it runs."""
+    out = tmp_path / "check"
+    done = check(out, "--device", "cuda", "--size", "smoke")
+    assert done.returncode != 0
+    parts = json.loads((out / "check.json").read_text())["parts"]
+    assert [(p["part"], p["status"]) for p in parts] == [("machine", "failed")]
+    assert "stopped at machine" in done.stderr
+    assert "| machine | failed |" in (out / "summary.md").read_text()
+
+
+def test_bad_arguments_are_refused_naming_the_option(tmp_path):
+    done = check(tmp_path, "--device", "tpu")
+    assert done.returncode == 2 and "--device: got tpu; allowed: cuda | cpu" in done.stderr
