@@ -84,8 +84,7 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW and Muon,
-    Muon's by the others."""
+    """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW and Muon."""
 
     name: str = setting("adamw", Kind.CHOICE, "The optimizer.", choices=OPTIMIZERS)
     lr: float = setting(3e-3, Kind.FLOAT, "Peak learning rate.", minimum=0.0, maximum=10.0,
@@ -123,7 +122,7 @@ class OptimConfig:
         MomentSwap.REFERENCE, "Second moment at a basis swap: reference (permute, as SOAP does) "
         "| transport.")
     muon_scale: str = choice(
-        MuonScale.ORIGINAL, "Muon's shape scaling: original (sqrt(max(1, rows/cols)), the "
+        MuonScale.ORIGINAL, "Muon only: its shape scaling: original (sqrt(max(1, rows/cols)), the "
         "reference's and torch's default) | match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW's "
         "lr carries over).")
     adamw_lr: float = setting(
