@@ -170,6 +170,7 @@ def test_sizes_by_rung_and_seeds(tmp_path):
     assert large.rung == "large" and large.seeds == 2 and large.steps == 2 * suite.FULL.steps
     with pytest.raises(ValueError, match="^--rung: got 'huge'"):
         suite.pick_sizes(BenchOptions(**{**opts.__dict__, "quick": False, "rung": "huge"}))
+    assert suite.planned_runs(suite.LARGE, 1) == {"least": 6, "most": 6}
     # the full default rung: 3 + 3 + 3 + 1 + 3 + 3 runs per corpus to tune, 2 more seeds of 6
     # tuned ones, 4 intervals x 2 SOAPs x 3 seeds; 4 x 3 device-host runs on the first corpus
     assert suite.planned_runs(suite.FULL, 2) == {"least": 2 * (16 + 12 + 24) + 12,
