@@ -93,3 +93,24 @@ def test_command_line_keys_and_their_checks():
         OptimConfig(muon_scale="rms")
     with pytest.raises(ConfigError, match="optim.adamw_lr"):
         OptimConfig(adamw_lr=0.0)
+
+
+def test_a_muon_run_resumes_bit_for_bit(tiny):
+    from asteria_core.train import checkpoint as ckpt
+
+    config = tiny(steps=12, eval_interval=12)
+    config = dataclasses.replace(config, optim=dataclasses.replace(
+        config.optim, name="muon", lr=0.02, adamw_lr=2e-3))
+    straight = Trainer(config, run_id="straight", jsonl=False)
+    full = straight.train(progress=False)
+    straight.close()
+    first = Trainer(config, run_id="stopped", jsonl=False)
+    part = first.train(stop_at=5, progress=False)
+    first.close()
+    resumed = Trainer(dataclasses.replace(config, train=dataclasses.replace(
+        config.train, resume=str(part.run_dir / ckpt.CHECKPOINT_NAME))), jsonl=False)
+    rest = resumed.train(progress=False)
+    resumed.close()
+    assert part.train_losses + rest.train_losses == full.train_losses
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
