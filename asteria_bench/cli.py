@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, metavar="N",
                         help=f"seeds per configuration in the suites that run seeds "
                              f"(distributed: 3 unless set), {MIN_SEEDS} to {MAX_SEEDS}")
+    parser.add_argument("--rung", choices=("default", "large"), default="default",
+                        help="the model size of the optimizers suite: default (about 1M "
+                             "parameters) | large (4x the parameters, 4x the tokens)")
 
 
 def _peers_installed() -> bool:
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                                             else args.suites)
     opts = BenchOptions(quick=args.quick, out_dir=out_dir, corpus=args.corpus,
                         device=args.device, peers=peers, command=command,
-                        progress=not args.no_progress, seeds=args.seeds)
+                        progress=not args.no_progress, seeds=args.seeds, rung=args.rung)
     t0 = time.perf_counter()
     for i, name in enumerate([] if args.report_only else names, 1):
         print(f"[{i}/{len(names)}] {name}: {load(name).TITLE}", file=sys.stderr, flush=True)

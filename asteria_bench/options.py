@@ -17,6 +17,7 @@ class BenchOptions:
     command: str           # the command line, as the report prints it
     progress: bool = True  # a bar per configuration
     seeds: int | None = None  # seeds per configuration where a suite runs seeds (None: its own)
+    rung: str = "default"  # the model size where a suite has rungs (optimizers: default | large)
 
     def pick(self, quick: Any, full: Any) -> Any:
         """A size that depends on --quick."""

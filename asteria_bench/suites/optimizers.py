@@ -1,4 +1,5 @@
-"""Optimization quality: AdamW against SOAP, Shampoo and KL-Shampoo, in steps, seconds and joules.
+"""Optimization quality: AdamW and Muon against SOAP, Shampoo and KL-Shampoo, in steps, seconds
+and joules.
 
 Every configuration trains the default model (about 1M parameters) from the same seed on the
 same batches with the trainer's defaults (warmup, cosine decay to the last step, grad clipping,
@@ -10,10 +11,20 @@ which the loss first reaches the target (linear interpolation between the two ev
 the crossing; None when it never does); their ratios to tuned AdamW's; and the paper's
 energy-normalised loss-reduction efficiency (L_init - L_final) / (E / E_AdamW).
 
-Configurations: AdamW (lr grid), native SOAP (refresh inline, swap delay 0: the reference),
-Asteria-SOAP (the runtime's defaults: refresh on one host worker thread, swap delay d = S = 10)
-at native SOAP's tuned lr, native Shampoo and native KL-Shampoo (lr grids), and with `peers`
-each installed peer SOAP (asteria_bench/peers.py; full run only) at native SOAP's tuned lr.
+Configurations: AdamW (lr grid), Muon (lr grid; its AdamW part at tuned AdamW's lr), native
+SOAP (refresh inline, swap delay 0: the reference), Asteria-SOAP (the runtime's defaults:
+refresh on one host worker thread, swap delay d = S = 10) at native SOAP's tuned lr, native
+Shampoo and native KL-Shampoo (lr grids), and with `peers` each installed peer SOAP
+(asteria_bench/peers.py; full run only) at native SOAP's tuned lr.
+
+Tuning: each grid is run, and while the best lr sits at an edge of what has run, the grid grows
+one step past that edge (the ratio of the two lrs there), at most `max_widen` times; a tuned lr
+still at an edge is flagged in the grid table (`bracketed` false), never hidden. Seeds: every
+tuned configuration (and every configuration of the refresh-interval axis) trains with `seeds`
+seeds; the tables give the median and the spread (min, max) over them, the target is the median
+of tuned AdamW's final losses, and the tuning itself reads the first seed. The refresh interval
+is an axis for native and Asteria-SOAP (`intervals`, at their tuned lr). Rungs (`--rung`): the
+default model, or a large one of 4x the parameters trained on 4x the tokens.
 Corpora: the default one (pydoc_data.topics, English), the built-in "python-source" one (Python
 code; asteria_core/train/data.py), and a file the user names (`--corpus PATH`).
 
@@ -40,7 +51,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +60,7 @@ from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
 from asteria_core.cli import resolve_config
 from asteria_core.machine import MACHINE
+from asteria_core.policy import Policy
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.train.data import encode, load_corpus, split_tokens
 from asteria_core.train.trainer import Trainer
@@ -87,24 +99,50 @@ class Sizes:
     """Families trained once more in the device-host arrangement, at their tuned lr, on the
     first corpus (Asteria-SOAP at native SOAP's tuned lr, as in the shared one)."""
     notes: tuple[str, ...] = field(default=())
+    muon_lrs: tuple[float, ...] = ()
+    """Muon's lr grid (its own lr, before the shape scaling; torch's "original" scaling)."""
+    seeds: int = 1
+    """Seeds of every tuned configuration (--seeds overrides it)."""
+    intervals: tuple[int, ...] = ()
+    """Refresh intervals trained by native and Asteria-SOAP at their tuned lr."""
+    max_widen: int = 0
+    """How many times a grid may grow past an edge its best lr sits at."""
+    rung: str = "default"
 
 
 QUICK = Sizes(steps=150, eval_interval=25, eval_batches=10, adamw_lrs=(3e-3,),
-              second_order_lrs=(1e-2,), configs=("adamw", "soap", "kl_shampoo"),
-              corpora=("default",),
+              second_order_lrs=(1e-2,), configs=("adamw", "muon", "soap", "kl_shampoo"),
+              corpora=("default",), muon_lrs=(2e-2,),
               notes=("quick: AdamW's lr grid skipped (3e-3 only, the best of {1e-3, 3e-3, 1e-2} "
-                     "in the full run); second-order lr 1e-2 only (their best in the full "
-                     "grid); Asteria-SOAP and Shampoo left out; 150 steps; default corpus only "
+                     "in the full run); Muon at 2e-2 only; second-order lr 1e-2 only; grids "
+                     "not widened (one lr can not be bracketed); one seed; no refresh-interval "
+                     "axis; Asteria-SOAP and Shampoo left out; 150 steps; default corpus only "
                      "(plus --corpus if given); the shared arrangement only",))
 FULL = Sizes(steps=500, eval_interval=25, eval_batches=10, adamw_lrs=(1e-3, 3e-3, 1e-2),
-             second_order_lrs=(3e-3, 1e-2),
-             configs=("adamw", "soap", "asteria_soap", "shampoo", "kl_shampoo"),
+             second_order_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(1e-2, 2e-2, 5e-2),
+             configs=("adamw", "muon", "soap", "asteria_soap", "shampoo", "kl_shampoo"),
              corpora=("default", "python-source"),
-             device_host=("adamw", "soap", "asteria_soap"))
+             device_host=("adamw", "muon", "soap", "asteria_soap"),
+             seeds=3, intervals=(1, 2, 5, 10, 20), max_widen=2)
+LARGE = replace(
+    FULL, steps=1000, eval_interval=50, eval_batches=5, rung="large",
+    # 4x the default's parameters (width 256: about 4.0M against 1.0M) on 4x its tokens (twice
+    # the batch, twice the steps): about 14x a default run's compute, some 15 minutes a run on
+    # this machine's two cores, so about eight runs fit in two hours.
+    overrides=("--model.n_embd", "256", "--data.batch_size", "32"),
+    adamw_lrs=(3e-3,), second_order_lrs=(1e-2,), muon_lrs=(2e-2,),
+    configs=("adamw", "muon", "soap", "asteria_soap"), corpora=("default",), device_host=(),
+    seeds=1, intervals=(1,), max_widen=0,
+    notes=("large rung: width 256 (4x the parameters) and batch 32 for 1000 steps (4x the "
+           "tokens); each optimizer at the default rung's tuned lr (not re-tuned: not "
+           "bracketed), one seed unless --seeds, refresh interval 1 beside the default 10, the "
+           "default corpus, the shared arrangement: six runs, to fit about two hours here",))
+RUNGS = {"default": FULL, "large": LARGE}
 SHARED, DEVICE_HOST = "shared", "device-host"
 
 FAMILIES = {  # key: (label, optim.name, extra overrides)
     "adamw": ("AdamW", "adamw", ()),
+    "muon": ("Muon", "muon", ()),  # its AdamW part at tuned AdamW's lr (train_corpus)
     "soap": ("SOAP (native)", "soap", ("--policy.workers", "0", "--policy.swap_delay", "0")),
     "asteria_soap": ("Asteria-SOAP", "soap", ()),  # the runtime's policy defaults
     "shampoo": ("Shampoo (native)", "shampoo", ("--policy.workers", "0",
@@ -142,6 +180,33 @@ def ratio(value: float | None, reference: float | None) -> float | None:
     if value is None or reference is None or not reference > 0:
         return None
     return value / reference
+
+
+def widen(lrs: list[float], best: float, limit: float = 10.0) -> float | None:
+    """The next lr when the best of `lrs` sits at an edge of them: one step past that edge (the
+    ratio of the two lrs there); None when it is inside, the grid has one lr, or the next would
+    pass `limit` (the trainer's largest lr)."""
+    lrs = sorted(lrs)
+    if len(lrs) < 2 or lrs[0] < best < lrs[-1]:
+        return None
+    nxt = lrs[0] ** 2 / lrs[1] if best == lrs[0] else lrs[-1] ** 2 / lrs[-2]
+    return float(f"{nxt:.3g}") if 0 < nxt <= limit else None
+
+
+def bracketed(lrs: list[float], best: float) -> bool:
+    """The tuned lr lies strictly inside what ran."""
+    lrs = sorted(lrs)
+    return len(lrs) >= 3 and lrs[0] < best < lrs[-1]
+
+
+def spread(values: list[float | None]) -> dict[str, Any]:
+    """Median, min and max of the values that exist, with how many there are and how many
+    are missing (a run that never reached the target)."""
+    got = [v for v in values if v is not None and math.isfinite(v)]
+    if not got:
+        return {"n": 0, "missing": len(values), "median": None, "min": None, "max": None}
+    return {"n": len(got), "missing": len(values) - len(got),
+            "median": statistics.median(got), "min": min(got), "max": max(got)}
 
 
 def efficiency(l_init: float, l_final: float, energy: float | None,
@@ -227,7 +292,11 @@ def _train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: Bench
             "--train.eval_batches", str(sizes.eval_batches), "--train.device", opts.device,
             "--data.corpus", corpus_path, "--optim.name", name, "--optim.lr", str(spec["lr"]),
             "--telemetry.model_cpu_watts", str(MODEL_CPU_WATTS), *extra, *sizes.overrides,
-            *turns.arrangement_args(arrangement)]
+            *spec.get("extra", ()), *turns.arrangement_args(arrangement)]
+    if spec.get("seed"):  # the n-th seed after the first: the trainer's default seed + n
+        args += ["--train.seed", str(resolve_config(None, []).train.seed + spec["seed"])]
+    if spec.get("interval") is not None:
+        args += ["--policy.refresh_interval", str(spec["interval"])]
     config = resolve_config(None, args)
     threads = config.train.threads
     factory = peer_factory(spec["peer"], config) if spec.get("peer") else None
@@ -247,7 +316,7 @@ def _train_one(spec: dict[str, Any], corpus_path: str, sizes: Sizes, opts: Bench
     curve = [{"step": 0, "val_loss": evaluate(), "wall_s": 0.0, "energy_j": 0.0}]
     source, wall = None, 0.0
     bar = progress(sizes.steps, f"{spec['label']} lr {_lr(spec['lr'])} [{spec['corpus']}, "
-                                f"{arrangement}]", opts)
+                                f"{arrangement}, seed {spec.get('seed', 0)}]", opts)
     try:
         for step in range(1, sizes.steps + 1):
             if trainer.runtime.stop_requested:  # e.g. refreshes failed past the limit
@@ -316,20 +385,60 @@ def arrangement_of(run: dict[str, Any]) -> str:
     return run.get("arrangement", SHARED)
 
 
+def tuning(run: dict[str, Any]) -> bool:
+    """A run of the tuning itself: the first seed, at the runtime's refresh interval."""
+    return not run.get("seed") and run.get("interval") is None
+
+
 def best_of(runs: list[dict[str, Any]], family: str,
             arrangement: str = SHARED) -> dict[str, Any] | None:
     """The tuned run of a family in an arrangement: the lowest final validation loss over its lr
-    grid (the device-host arrangement trains the tuned lr only)."""
+    grid, on the first seed (the device-host arrangement trains the tuned lr only)."""
     found = [r for r in runs if r["family"] == family and arrangement_of(r) == arrangement
-             and math.isfinite(r["final_val_loss"])]
+             and tuning(r) and math.isfinite(r["final_val_loss"])]
     return min(found, key=lambda r: r["final_val_loss"]) if found else None
 
 
+def pick_sizes(opts: BenchOptions) -> Sizes:
+    """The rung's sizes (--quick: the quick ones, whatever the rung), with --seeds applied."""
+    if opts.rung not in RUNGS:
+        raise ValueError(f"--rung: got {opts.rung!r}; allowed: {' | '.join(RUNGS)}")
+    sizes = QUICK if opts.quick else RUNGS[opts.rung]
+    return sizes if opts.seeds is None else replace(sizes, seeds=opts.seeds)
+
+
+def planned_runs(sizes: Sizes, corpora: int, peers: int = 0) -> dict[str, int]:
+    """How many runs a full pass trains, before widening (`least`) and with every grid widened
+    `max_widen` times (`most`): for an estimate of its time from one run's."""
+    per = 0
+    grids = 0
+    for family in sizes.configs:
+        if family == "asteria_soap":
+            per += 1
+            continue
+        grid = {"adamw": sizes.adamw_lrs, "muon": sizes.muon_lrs}.get(family,
+                                                                       sizes.second_order_lrs)
+        per += len(grid)
+        grids += 1
+    tuned = len(sizes.configs) + peers
+    per += peers + tuned * (sizes.seeds - 1)
+    soaps = len([f for f in ("soap", "asteria_soap") if f in sizes.configs])
+    default = Policy().refresh_interval
+    per += soaps * sizes.seeds * len([i for i in sizes.intervals if i != default])
+    first = len(sizes.device_host) * sizes.seeds
+    least = per * corpora + first
+    return {"least": least, "most": least + grids * sizes.max_widen * corpora}
+
+
 def run(opts: BenchOptions) -> SuiteResult:
-    sizes = opts.pick(QUICK, FULL)
+    sizes = pick_sizes(opts)
     user_corpus = check_corpus(opts.corpus) if opts.corpus else None
     corpora: list[tuple[str, str, str]] = []  # (key, trainer path, description)
-    result = SuiteResult("optimizers", TITLE, opts.quick, opts.command, config={
+    name = "optimizers" if sizes.rung == "default" else f"optimizers-{sizes.rung}"
+    result = SuiteResult(name, TITLE, opts.quick, opts.command, config={
+        "rung": sizes.rung, "muon_lrs": list(sizes.muon_lrs), "seeds": sizes.seeds,
+        "intervals": list(sizes.intervals), "max_widen": sizes.max_widen,
+        "muon_adamw_lr": "tuned AdamW's lr (optim.adamw_lr), Muon's own lr tuned over its grid",
         "steps": sizes.steps, "eval_interval": sizes.eval_interval,
         "eval_batches": sizes.eval_batches, "adamw_lrs": list(sizes.adamw_lrs),
         "second_order_lrs": list(sizes.second_order_lrs), "configs": list(sizes.configs),
@@ -341,7 +450,9 @@ def run(opts: BenchOptions) -> SuiteResult:
                      "steps and at step 0)",
         "wall_clock": "sum of the step records' step_seconds (evaluations excluded)",
         "energy_sources": ENERGY_LABELS, "model_cpu_watts": MODEL_CPU_WATTS,
-        "asteria_soap_lr": "native SOAP's tuned lr", "anchors": ANCHORS, "corpora": {}})
+        "asteria_soap_lr": "native SOAP's tuned lr", "anchors": ANCHORS, "corpora": {},
+        "planned_runs": planned_runs(sizes, len(sizes.corpora) + bool(opts.corpus),
+                                     len(_peer_names(opts)))})
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for key in sizes.corpora:
@@ -371,31 +482,69 @@ def run(opts: BenchOptions) -> SuiteResult:
 
 def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Path,
                  result: SuiteResult, device_host: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Every configuration on one corpus, saving the suite's JSON after each; then the
-    `device_host` families again in that arrangement, at their tuned lr."""
+    """Every configuration on one corpus, saving the suite's JSON after each: the lr grids
+    (widened past an edge their best sits at), the other seeds of every tuned configuration, the
+    refresh-interval axis; then the `device_host` families again in that arrangement, at their
+    tuned lr, with every seed."""
     runs: list[dict[str, Any]] = []
 
     def one(family: str, lr: float, label: str, peer: str | None = None,
-            arrangement: str = SHARED) -> None:
+            arrangement: str = SHARED, seed: int = 0, interval: int | None = None,
+            extra: tuple[str, ...] = ()) -> dict[str, Any]:
         spec = {"corpus": key, "family": family, "label": label, "lr": lr, "peer": peer,
-                "arrangement": arrangement}
+                "arrangement": arrangement, "seed": seed, "interval": interval,
+                "extra": list(extra)}
         out = train_one(spec, path, sizes, opts, tmp)
         runs.append(out)
         result.runs.append(out)
         result.save(opts.out_dir)
+        return out
+
+    def tune(family: str, grid: tuple[float, ...], extra: tuple[str, ...] = ()) -> None:
+        label = FAMILIES[family][0]
+        for lr in grid:
+            one(family, lr, label, extra=extra)
+        for _ in range(sizes.max_widen):
+            tried = [r["lr"] for r in runs if r["family"] == family and tuning(r)]
+            best = best_of(runs, family)
+            nxt = None if best is None else widen(tried, best["lr"])
+            if nxt is None or nxt in tried:
+                break
+            one(family, nxt, label, extra=extra)
+
+    def extra_of(family: str) -> tuple[str, ...]:
+        adamw = best_of(runs, "adamw")
+        if family == "muon" and adamw is not None:
+            return ("--optim.adamw_lr", str(adamw["lr"]))
+        return ()
 
     for family in sizes.configs:
-        label = FAMILIES[family][0]
         if family == "asteria_soap":
             continue  # after native SOAP's grid, at its tuned lr
-        for lr in (sizes.adamw_lrs if family == "adamw" else sizes.second_order_lrs):
-            one(family, lr, label)
+        grid = {"adamw": sizes.adamw_lrs, "muon": sizes.muon_lrs}.get(family,
+                                                                       sizes.second_order_lrs)
+        tune(family, grid, extra_of(family))
     soap = best_of(runs, "soap")
     soap_lr = soap["lr"] if soap else sizes.second_order_lrs[-1]
     if "asteria_soap" in sizes.configs:
         one("asteria_soap", soap_lr, FAMILIES["asteria_soap"][0])
     for name in _peer_names(opts):
         one(f"peer:{name}", soap_lr, _peer_label(name), peer=name)
+    tuned = [r for r in (best_of(runs, f) for f in dict.fromkeys(r["family"] for r in runs))
+             if r is not None]
+    for r in tuned:
+        for seed in range(1, sizes.seeds):
+            one(r["family"], r["lr"], r["label"], peer=r["peer"], seed=seed,
+                extra=tuple(r["extra"]))
+    default = Policy().refresh_interval
+    for r in tuned:
+        if r["family"] not in ("soap", "asteria_soap"):
+            continue
+        for interval in sizes.intervals:
+            if interval == default:  # the tuned run and its seeds are this point
+                continue
+            for seed in range(sizes.seeds):
+                one(r["family"], r["lr"], r["label"], seed=seed, interval=interval)
     if device_host:
         try:
             turns.arrangement_args(DEVICE_HOST)
@@ -403,9 +552,11 @@ def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Pat
             result.config["device_host_skipped"] = str(err)
             device_host = ()
     for family in device_host:
-        tuned = best_of(runs, family)
-        if tuned is not None:
-            one(family, tuned["lr"], tuned["label"], arrangement=DEVICE_HOST)
+        r = best_of(runs, family)
+        if r is not None:
+            for seed in range(sizes.seeds):
+                one(family, r["lr"], r["label"], arrangement=DEVICE_HOST, seed=seed,
+                    extra=tuple(r["extra"]))
     return runs
 
 
@@ -425,12 +576,20 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
     adamw = best_of(runs, "adamw")
     if adamw is None:
         return
-    target = adamw["final_val_loss"]
+    target = statistics.median(r["final_val_loss"] for r in seeds_of(runs, adamw))
+    bases = {}  # per arrangement: tuned AdamW's median step, seconds and joules to the target
+    for arrangement in turns.ARRANGEMENTS:
+        reference = best_of(runs, "adamw", arrangement)
+        if reference is not None:
+            got = [reach(r["curve"], target) for r in seeds_of(runs, reference)]
+            bases[arrangement] = {k: spread([g[k] if g else None for g in got])["median"]
+                                  for k in ("step", "wall_s", "energy_j")}
     for r in runs:
         # Ratios against tuned AdamW in the same arrangement; the target is the shared one's.
         reference = best_of(runs, "adamw", arrangement_of(r)) or adamw
-        base = reach(reference["curve"], target)
-        r["tuned"] = r is best_of(runs, r["family"], arrangement_of(r))
+        base = bases.get(arrangement_of(r)) or bases[SHARED]
+        tuned = best_of(runs, r["family"], arrangement_of(r))
+        r["tuned"] = tuned is not None and r in seeds_of(runs, tuned)
         r["target_loss"] = target
         r["to_target"] = reach(r["curve"], target)
         got = r["to_target"] or {}
@@ -440,8 +599,9 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
         r["energy_ratio"] = ratio(r["energy_j"], reference["energy_j"])
         r["efficiency"] = efficiency(r["l_init"], r["final_val_loss"], r["energy_j"],
                                      reference["energy_j"])
-    arranged = [r for r in runs if arrangement_of(r) != SHARED]
-    runs = [r for r in runs if arrangement_of(r) == SHARED]
+    every = runs
+    arranged = [r for r in runs if arrangement_of(r) != SHARED and tuning(r)]
+    runs = [r for r in runs if arrangement_of(r) == SHARED and tuning(r)]
     source = adamw["energy_label"]
     desc = result.config["corpora"][key]["description"]
     table = result.table(
@@ -450,7 +610,8 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
         ["optimizer", "lr", "tuned", "final val loss", "steps to AdamW's loss",
          "steps vs AdamW", "wall-clock to target s", "wall-clock vs AdamW", "train wall-clock s",
          "energy to target J", "energy to target vs AdamW", "energy J", "efficiency"],
-        note=f"Target: tuned AdamW's final validation loss {target:.4f} (lr {_lr(adamw['lr'])}). "
+        note=f"Target: tuned AdamW's final validation loss {target:.4f} (lr {_lr(adamw['lr'])}, "
+             f"median of its seeds). First seed only here; the seeds' medians follow. "
              "Steps and seconds to it: the first evaluation at or below it, interpolated "
              "linearly with the evaluation before; '-' means never reached. 'vs AdamW': this "
              "run's figure over tuned AdamW's (below 1: fewer). Wall-clock: training steps only, "
@@ -467,9 +628,120 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
                   _fmt(got.get("energy_j"), ".0f"), _fmt(r["energy_to_target_ratio"], ".2f"),
                   _fmt(r["energy_j"], ".0f"), _fmt(r["efficiency"], ".3f"))
     result.plots.append(plot_corpus(runs, key, desc, target, out_dir))
+    report_seeds(result, key, every, target)
+    report_intervals(result, key, every, target)
+    report_grids(result, key, every)
     findings_corpus(result, key, desc, runs, adamw)
     if arranged:
         report_arrangements(result, key, desc, runs + arranged)
+
+
+def seeds_of(runs: list[dict[str, Any]], tuned: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every seed of a tuned configuration: its family, arrangement, lr and interval."""
+    return [r for r in runs if r["family"] == tuned["family"] and r["lr"] == tuned["lr"]
+            and arrangement_of(r) == arrangement_of(tuned)
+            and r.get("interval") == tuned.get("interval")]
+
+
+def _summary(result: SuiteResult, key: str) -> dict[str, Any]:
+    return result.config.setdefault("summary", {}).setdefault(key, {})
+
+
+def seed_figures(group: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Medians and spreads over the seeds of one configuration."""
+    got = [reach(r["curve"], target) for r in group]
+    return {"seeds": len(group),
+            "final_val_loss": spread([r["final_val_loss"] for r in group]),
+            "steps_to_target": spread([g["step"] if g else None for g in got]),
+            "wall_s_to_target": spread([g["wall_s"] if g else None for g in got]),
+            "energy_j_to_target": spread([g["energy_j"] if g else None for g in got]),
+            "step_ms_median": spread([r["step_ms_median"] for r in group])}
+
+
+def _cell(figure: dict[str, Any], spec: str) -> str:
+    if figure["median"] is None:
+        return "-"
+    text = f"{format(figure['median'], spec)} [{format(figure['min'], spec)}, " \
+           f"{format(figure['max'], spec)}]"
+    return text + (f" ({figure['missing']} never)" if figure["missing"] else "")
+
+
+def report_seeds(result: SuiteResult, key: str, runs: list[dict[str, Any]],
+                 target: float) -> None:
+    """Every tuned configuration over its seeds: median [min, max]."""
+    table = result.table(
+        f"Tuned configurations over seeds, {key} corpus: median [min, max]",
+        ["optimizer", "arrangement", "lr", "seeds", "final val loss", "steps to target",
+         "wall-clock to target s", "energy to target J", "median step ms"],
+        note=f"Target {target:.4f}: the median of tuned AdamW's final losses over its seeds. "
+             "'never': seeds that do not reach it.")
+    out = _summary(result, key).setdefault("tuned", {})
+    for family in dict.fromkeys(r["family"] for r in runs):
+        for arrangement in turns.ARRANGEMENTS:
+            tuned = best_of(runs, family, arrangement)
+            if tuned is None:
+                continue
+            fig = seed_figures(seeds_of(runs, tuned), target)
+            out[f"{family}/{arrangement}"] = {"lr": tuned["lr"], **fig}
+            table.add(tuned["label"], arrangement, _lr(tuned["lr"]), fig["seeds"],
+                      _cell(fig["final_val_loss"], ".4f"), _cell(fig["steps_to_target"], ".0f"),
+                      _cell(fig["wall_s_to_target"], ".1f"),
+                      _cell(fig["energy_j_to_target"], ".0f"),
+                      _cell(fig["step_ms_median"], ".0f"))
+
+
+def report_intervals(result: SuiteResult, key: str, runs: list[dict[str, Any]],
+                     target: float) -> None:
+    """Native and Asteria-SOAP at their tuned lr against the refresh interval."""
+    default = Policy().refresh_interval
+    found = [r for r in runs if r.get("interval") is not None]
+    if not found:
+        return
+    table = result.table(
+        f"SOAP against the refresh interval, {key} corpus: median [min, max] over seeds",
+        ["optimizer", "refresh interval", "lr", "seeds", "final val loss", "steps to target",
+         "wall-clock to target s", "energy to target J", "median step ms"],
+        note=f"At each one's tuned lr; interval {default} is the tuned run itself (the "
+             f"runtime's default). Target {target:.4f} as above; shared arrangement.")
+    out = _summary(result, key).setdefault("intervals", {})
+    for family in ("soap", "asteria_soap"):
+        tuned = best_of(runs, family)
+        if tuned is None:
+            continue
+        intervals = sorted({r["interval"] for r in found if r["family"] == family} | {default})
+        for interval in intervals:
+            group = [r for r in runs if r["family"] == family and r["lr"] == tuned["lr"]
+                     and arrangement_of(r) == SHARED
+                     and (r.get("interval") or default) == interval]
+            if not group:
+                continue
+            fig = seed_figures(group, target)
+            out[f"{family}/{interval}"] = {"lr": tuned["lr"], "interval": interval, **fig}
+            table.add(tuned["label"], interval, _lr(tuned["lr"]), fig["seeds"],
+                      _cell(fig["final_val_loss"], ".4f"), _cell(fig["steps_to_target"], ".0f"),
+                      _cell(fig["wall_s_to_target"], ".1f"),
+                      _cell(fig["energy_j_to_target"], ".0f"),
+                      _cell(fig["step_ms_median"], ".0f"))
+
+
+def report_grids(result: SuiteResult, key: str, runs: list[dict[str, Any]]) -> None:
+    """Each family's lr grid as it ran, its tuned lr, and whether that lies inside it."""
+    table = result.table(f"Learning-rate grids, {key} corpus",
+                         ["optimizer", "lrs run", "tuned lr", "bracketed"],
+                         note="Bracketed: the tuned lr lies strictly inside the lrs run; a grid "
+                              "whose best sat at an edge grew past it (at most max_widen "
+                              "times), so 'no' flags a tuned lr that may not be the best.")
+    out = _summary(result, key).setdefault("grids", {})
+    for family in dict.fromkeys(r["family"] for r in runs):
+        best = best_of(runs, family)
+        if best is None:
+            continue
+        lrs = sorted({r["lr"] for r in runs if r["family"] == family and tuning(r)
+                      and arrangement_of(r) == SHARED})
+        inside = bracketed(lrs, best["lr"])
+        out[family] = {"lrs": lrs, "tuned_lr": best["lr"], "bracketed": inside}
+        table.add(best["label"], ", ".join(map(_lr, lrs)), _lr(best["lr"]),
+                  "yes" if inside else "no")
 
 
 def plot_corpus(runs: list[dict[str, Any]], key: str, desc: str, target: float,

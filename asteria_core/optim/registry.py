@@ -16,6 +16,7 @@ import torch
 
 from asteria_core.compat import StrEnum
 from asteria_core.optim.kl_shampoo import KLShampoo
+from asteria_core.optim.muon import Muon, hidden_matrices
 from asteria_core.optim.shampoo import Shampoo
 from asteria_core.optim.soap import SOAP
 
@@ -25,6 +26,7 @@ class OptimizerName(StrEnum):
     SOAP = "soap"
     SHAMPOO = "shampoo"
     KL_SHAMPOO = "kl_shampoo"
+    MUON = "muon"  # Muon on the hidden matrices, AdamW on the rest (torch.optim.Muon's)
 
 
 SHAPE_OPTIONS = ("max_precond_dim", "block_size")
@@ -33,6 +35,8 @@ BASIS_OPTIONS = ("shampoo_beta", "refresh", "moment_swap")
 """How an eigenbasis optimizer (SOAP, KL-Shampoo) keeps and refreshes its basis."""
 SECOND_ORDER_OPTIONS = (*SHAPE_OPTIONS, *BASIS_OPTIONS, "refresh_dtype", "normalize_grads")
 """Every option some second-order constructor takes (none of them is AdamW's)."""
+MUON_OPTIONS = ("adjust_lr_fn", "adamw_lr")
+"""What the trainer's `optim` section sets for Muon: its shape scaling, the AdamW part's lr."""
 
 Build = Callable[..., torch.optim.Optimizer]
 
@@ -43,9 +47,12 @@ class OptimizerSpec:
     second_order: bool
     """Preconditioner blocks refreshed by the runtime (a BlockPreconditioner)."""
     config_options: tuple[str, ...]
-    """The second-order options the trainer's `optim` section sets for it."""
+    """The options beyond lr, betas and eps that the trainer's `optim` section sets for it."""
     build: Build
     """(params, lr=, betas=, eps=, refresh_interval=, **options) -> the torch optimizer."""
+    model_options: Callable[[torch.nn.Module], dict[str, Any]] = lambda model: {}
+    """Options it derives from the model being trained (Muon: which matrices are hidden);
+    options given by the caller win."""
 
 
 def _adamw(params: list, *, lr: float, betas: tuple[float, float], eps: float,
@@ -64,6 +71,17 @@ def _shampoo(params: list, *, lr: float, betas: tuple[float, float], eps: float,
                    grafting_eps=eps, precondition_frequency=refresh_interval, **options)
 
 
+def _muon(params: list, *, lr: float, betas: tuple[float, float], eps: float,
+          refresh_interval: int, **options: Any) -> torch.optim.Optimizer:
+    # betas and eps are the AdamW part's; Muon's momentum is its own option (0.95).
+    unknown = sorted(set(options) & set(SECOND_ORDER_OPTIONS))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a Muon option; allowed with muon: lr, betas, eps, "
+                         "weight_decay, momentum, nesterov, ns_coefficients, ns_steps, "
+                         "adjust_lr_fn, ns_dtype, hidden, adamw_lr")
+    return Muon(params, lr=lr, adamw_betas=betas, adamw_eps=eps, **options)
+
+
 def _eigenbasis(cls: type[torch.optim.Optimizer]) -> Build:
     def build(params: list, *, lr: float, betas: tuple[float, float], eps: float,
               refresh_interval: int, **options: Any) -> torch.optim.Optimizer:
@@ -78,6 +96,8 @@ REGISTRY: dict[OptimizerName, OptimizerSpec] = {spec.name: spec for spec in (
     OptimizerSpec(OptimizerName.SHAMPOO, True, SHAPE_OPTIONS, _shampoo),
     OptimizerSpec(OptimizerName.KL_SHAMPOO, True, SHAPE_OPTIONS + BASIS_OPTIONS,
                   _eigenbasis(KLShampoo)),
+    OptimizerSpec(OptimizerName.MUON, False, MUON_OPTIONS, _muon,
+                  lambda model: {"hidden": hidden_matrices(model)}),
 )}
 OPTIMIZERS = tuple(name.value for name in OptimizerName)
 """The optimizers the runtime knows by name (plain strings: argparse choices, say)."""

@@ -66,6 +66,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     is_module = isinstance(model, torch.nn.Module)
     if is_module:
         params = decay_groups(model, weight_decay)
+        options = {**spec_of(name).model_options(model), **options}
     else:  # the groups' own weight_decay, where given, wins over this default
         params, options["weight_decay"] = model, weight_decay
     opt = build_optimizer(name, params, lr=lr, refresh_interval=live.current.refresh_interval,

@@ -19,6 +19,7 @@ from asteria_core.autopilot.section import AutopilotSection
 from asteria_core.compat import StrEnum
 from asteria_core.fields import Kind, choice, setting
 from asteria_core.machine import MACHINE
+from asteria_core.optim.muon import MuonScale
 from asteria_core.optim.registry import OPTIMIZERS, spec_of
 from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap
 from asteria_core.policy import OffloadMode, Policy
@@ -83,7 +84,7 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW."""
+    """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW and Muon."""
 
     name: str = setting("adamw", Kind.CHOICE, "The optimizer.", choices=OPTIMIZERS)
     lr: float = setting(3e-3, Kind.FLOAT, "Peak learning rate.", minimum=0.0, maximum=10.0,
@@ -120,6 +121,14 @@ class OptimConfig:
     moment_swap: str = choice(
         MomentSwap.REFERENCE, "Second moment at a basis swap: reference (permute, as SOAP does) "
         "| transport.")
+    muon_scale: str = choice(
+        MuonScale.ORIGINAL, "Muon only: its shape scaling: original (sqrt(max(1, rows/cols)), the "
+        "reference's and torch's default) | match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW's "
+        "lr carries over).")
+    adamw_lr: float = setting(
+        -1.0, Kind.FLOAT, "Muon only: peak lr of what AdamW steps (embeddings, head, gains, "
+        "biases); -1 means optim.lr.", minimum=0.0, maximum=10.0, lo_open=True, also=(-1.0,),
+        words="-1 (use optim.lr) or a number in (0, 10]")
 
     def __post_init__(self) -> None:
         check_settings(self, "optim")

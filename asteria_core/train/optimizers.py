@@ -15,8 +15,12 @@ def optimizer_from_config(config: OptimConfig, model: torch.nn.Module,
     """The refresh interval comes from the live policy, which may change it mid-run."""
     settings = {"max_precond_dim": config.max_precond_dim,
                 "block_size": config.precond_block_size, "shampoo_beta": config.shampoo_beta,
-                "refresh": config.refresh_method, "moment_swap": config.moment_swap}
-    options = {key: settings[key] for key in spec_of(config.name).config_options}
+                "refresh": config.refresh_method, "moment_swap": config.moment_swap,
+                "adjust_lr_fn": config.muon_scale,
+                "adamw_lr": None if config.adamw_lr < 0 else config.adamw_lr}
+    spec = spec_of(config.name)
+    options = {key: settings[key] for key in spec.config_options}
     return build_optimizer(config.name, decay_groups(model, config.weight_decay), lr=config.lr,
                            betas=config.betas, eps=config.eps,
-                           refresh_interval=policy.refresh_interval, **options)
+                           refresh_interval=policy.refresh_interval,
+                           **spec.model_options(model), **options)

@@ -75,7 +75,8 @@ def run_shape(config: RunConfig) -> RunShape:
     opt = optimizer_from_config(config.optim, model, config.policy)
     if not isinstance(opt, BlockPreconditioner):
         raise ConfigError(f"optim.name: got {config.optim.name!r}; allowed: soap | shampoo | "
-                          "kl_shampoo (AdamW refreshes nothing; add --optim.name soap)")
+                          "kl_shampoo (a first-order optimizer refreshes nothing; add --optim.name "
+                          "soap)")
     return shape_of(opt)
 
 

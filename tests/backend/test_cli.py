@@ -103,8 +103,8 @@ def test_keys_prints_each_key_with_type_range_default_and_help():
     assert out.startswith("[optim]  Optimizer and learning-rate schedule.")
     assert "\n  optim.lr  a number in (0.0, 10.0]; default 0.003\n      Peak learning rate.\n" \
         in out
-    assert '\n  optim.name  a string; allowed: adamw | soap | shampoo | kl_shampoo; default ' \
-        '"adamw"\n' in out
+    assert '\n  optim.name  a string; allowed: adamw | soap | shampoo | kl_shampoo | muon; ' \
+        'default "adamw"\n' in out
     assert "\n  policy.staleness_bound  an integer in [0, 1000000]; default 10\n      S: " in out
     assert "[model]" not in out and "[policy]" in out
     every = subprocess.run([sys.executable, "-m", "asteria", "keys"], capture_output=True,

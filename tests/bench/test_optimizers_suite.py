@@ -13,8 +13,8 @@ from asteria_bench.suites import optimizers as suite
 
 TINY = suite.Sizes(
     steps=6, eval_interval=3, eval_batches=1, adamw_lrs=(3e-3, 1e-2),
-    second_order_lrs=(1e-2,), configs=("adamw", "soap", "asteria_soap", "kl_shampoo"),
-    corpora=("default", "python-source"),
+    second_order_lrs=(1e-2,), configs=("adamw", "muon", "soap", "asteria_soap", "kl_shampoo"),
+    corpora=("default", "python-source"), muon_lrs=(2e-2,),
     overrides=("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16",
                "--model.block_size", "16", "--data.batch_size", "2",
                "--optim.warmup_steps", "2"),
@@ -84,12 +84,17 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     user.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     result = load("optimizers").run(options(tmp_path, corpus=str(user)))
     data = json.loads((tmp_path / "out" / "optimizers.json").read_text())
+    adamw = min((r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "adamw"),
+                key=lambda r: r["final_val_loss"])
+    adamw_lr = adamw["lr"]
     assert data["suite"] == "optimizers" and data["quick"] is True
     assert set(data["config"]["corpora"]) == {"default", "python-source", "user"}
     assert data["config"]["lr_grid_skipped"] is False
-    # per corpus: 2 AdamW lrs, SOAP, Asteria-SOAP, KL-Shampoo; on the first corpus the tuned
-    # AdamW, SOAP and Asteria-SOAP once more in the device-host arrangement
-    assert len(data["runs"]) == 3 * 5 + 3
+    # per corpus: 2 AdamW lrs, Muon, SOAP, Asteria-SOAP, KL-Shampoo; on the first corpus the
+    # tuned AdamW, SOAP and Asteria-SOAP once more in the device-host arrangement
+    assert len(data["runs"]) == 3 * 6 + 3
+    muon = next(r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "muon")
+    assert muon["optimizer"] == "muon" and muon["extra"] == ["--optim.adamw_lr", str(adamw_lr)]
     for run in data["runs"]:
         assert len(run["step_ms"]) == TINY.steps  # every raw step time
         assert [p["step"] for p in run["curve"]] == [0, 3, 6]
@@ -97,8 +102,6 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
         assert all(p["energy_j"] >= 0 for p in run["curve"])
         assert run["final_val_loss"] == run["curve"][-1]["val_loss"]
         assert "steps_ratio" in run and "efficiency" in run
-    adamw = min((r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "adamw"),
-                key=lambda r: r["final_val_loss"])
     assert adamw["tuned"] and adamw["steps_ratio"] == pytest.approx(1.0)
     soap = next(r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "soap")
     asteria = next(r for r in data["runs"]
@@ -111,8 +114,10 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     assert all(r["torch_threads"] == 1 for r in arranged)
     assert arranged[0]["tuned"] and arranged[0]["wall_ratio"] == pytest.approx(1.0)
     assert {r["arrangement"] for r in data["runs"]} == {"shared", "device-host"}
-    assert len(data["tables"]) == 4  # three corpora and the default one's arrangements
-    by_arrangement = data["tables"][1]
+    # per corpus: the main table, the seeds' medians, the grids; the first one's arrangements
+    assert len(data["tables"]) == 3 * 3 + 1
+    titles = [t["title"] for t in data["tables"]]
+    by_arrangement = data["tables"][titles.index(next(t for t in titles if "by arrangement" in t))]
     assert by_arrangement["columns"][:2] == ["optimizer", "arrangement"]
     assert [row[:2] for row in by_arrangement["rows"]] == [
         ["AdamW", "shared"], ["AdamW", "device-host"], ["SOAP (native)", "shared"],
@@ -120,7 +125,14 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
         ["Asteria-SOAP", "device-host"]]
     assert any("by arrangement: shared:" in f and "device-host:" in f
                for f in data["findings"])
-    assert data["tables"][0]["columns"][:4] == ["optimizer", "lr", "tuned", "final val loss"]
+    main = data["tables"][0]  # each corpus's main table first
+    assert main["title"].startswith("Optimizers on the default")
+    assert main["columns"][:4] == ["optimizer", "lr", "tuned", "final val loss"]
+    grids = data["config"]["summary"]["default"]["grids"]
+    assert grids["adamw"]["lrs"] == [3e-3, 1e-2] and grids["adamw"]["bracketed"] is False
+    tuned = data["config"]["summary"]["default"]["tuned"]
+    assert set(tuned) >= {"adamw/shared", "muon/shared", "soap/shared", "adamw/device-host"}
+    assert tuned["adamw/shared"]["seeds"] == 1
     for plot in data["plots"]:
         assert (tmp_path / "out" / plot["file"]).is_file()
     for key in ("soap_steps_ratio_default", "kl_shampoo_steps_ratio_default",
@@ -132,3 +144,64 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     assert any("against native SOAP at the same lr" in f for f in data["findings"])
     assert any("AdamW's tuned lr" in f and "grid" in f for f in data["findings"])
     assert result.headline == data["headline"]
+
+
+def test_a_grid_grows_past_the_edge_its_best_sits_at():
+    assert suite.widen([1e-3, 3e-3, 1e-2], 1e-2) == pytest.approx(3.33e-2)
+    assert suite.widen([1e-3, 3e-3, 1e-2], 1e-3) == pytest.approx(3.33e-4)
+    assert suite.widen([1e-3, 3e-3, 1e-2], 3e-3) is None  # inside: bracketed
+    assert suite.widen([1e-2], 1e-2) is None  # one lr: nothing to step by
+    assert suite.widen([3.0, 9.0], 9.0) is None  # past the trainer's largest lr
+    assert suite.bracketed([1e-3, 3e-3, 1e-2], 3e-3)
+    assert not suite.bracketed([1e-3, 3e-3], 3e-3) and not suite.bracketed([3e-3], 3e-3)
+
+
+def test_spread_counts_the_runs_that_never_reach():
+    assert suite.spread([3.0, None, 1.0, 2.0]) == {"n": 3, "missing": 1, "median": 2.0,
+                                                   "min": 1.0, "max": 3.0}
+    assert suite.spread([None])["median"] is None
+
+
+def test_sizes_by_rung_and_seeds(tmp_path):
+    opts = options(tmp_path)
+    assert suite.pick_sizes(opts) is suite.QUICK
+    full = BenchOptions(**{**opts.__dict__, "quick": False, "rung": "large", "seeds": 2})
+    large = suite.pick_sizes(full)
+    assert large.rung == "large" and large.seeds == 2 and large.steps == 2 * suite.FULL.steps
+    with pytest.raises(ValueError, match="^--rung: got 'huge'"):
+        suite.pick_sizes(BenchOptions(**{**opts.__dict__, "quick": False, "rung": "huge"}))
+    assert suite.planned_runs(suite.LARGE, 1) == {"least": 6, "most": 6}
+    # the full default rung: 3 + 3 + 3 + 1 + 3 + 3 runs per corpus to tune, 2 more seeds of 6
+    # tuned ones, 4 intervals x 2 SOAPs x 3 seeds; 4 x 3 device-host runs on the first corpus
+    assert suite.planned_runs(suite.FULL, 2) == {"least": 2 * (16 + 12 + 24) + 12,
+                                                 "most": 2 * (16 + 12 + 24) + 12 + 2 * 5 * 2}
+
+
+SEEDED = suite.Sizes(
+    steps=4, eval_interval=2, eval_batches=1, adamw_lrs=(3e-3, 1e-2), second_order_lrs=(1e-2,),
+    configs=("adamw", "soap", "asteria_soap"), corpora=("default",), overrides=TINY.overrides,
+    seeds=2, intervals=(2,), max_widen=1)
+
+
+def test_seeds_intervals_and_a_widened_grid(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "QUICK", SEEDED)
+    load("optimizers").run(options(tmp_path))
+    data = json.loads((tmp_path / "out" / "optimizers.json").read_text())
+    runs = data["runs"]
+    adamw = [r for r in runs if r["family"] == "adamw" and not r["seed"]]
+    assert len(adamw) == 3  # two lrs, and one past the edge the best sat at
+    summary = data["config"]["summary"]["default"]
+    assert summary["grids"]["adamw"]["lrs"] == sorted(r["lr"] for r in adamw)
+    for family in ("adamw", "soap", "asteria_soap"):
+        assert summary["tuned"][f"{family}/shared"]["seeds"] == 2
+    first, second = ([r for r in runs if r["family"] == "adamw" and r["seed"] == seed
+                      and r["lr"] == summary["tuned"]["adamw/shared"]["lr"]] for seed in (0, 1))
+    assert len(first) == len(second) == 1
+    assert first[0]["train_losses"] != second[0]["train_losses"]  # another seed, another run
+    axis = [(r["family"], r["interval"], r["seed"]) for r in runs if r["interval"] is not None]
+    assert sorted(axis) == [("asteria_soap", 2, 0), ("asteria_soap", 2, 1), ("soap", 2, 0),
+                            ("soap", 2, 1)]
+    assert all(r["policy"]["refresh_interval"] == 2 for r in runs if r["interval"] == 2)
+    assert set(summary["intervals"]) == {"soap/2", "soap/10", "asteria_soap/2",
+                                         "asteria_soap/10"}
+    assert len(runs) == 3 + 1 + 1 + 3 + 4

@@ -38,7 +38,7 @@ def test_every_key_of_every_section_is_described_once_in_file_order():
     ("model.vocab_size", "an integer in [256, 1048576]"),
     ("optim.betas", "two numbers in [0.0, 1.0)"),
     ("optim.shampoo_beta", "-1 (use betas[1]) or a number in [0, 1)"),
-    ("optim.name", "adamw | soap | shampoo | kl_shampoo"),
+    ("optim.name", "adamw | soap | shampoo | kl_shampoo | muon"),
     ("train.cpus", "a CPU list such as '0' or '0-3,6' of CPUs this machine has, or empty"),
     ("telemetry.metrics_port", "an integer in [0, 65535]"),
     ("policy.swap_delay", '"auto" or an integer in [0, 1000000]'),
