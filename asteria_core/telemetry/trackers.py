@@ -49,15 +49,17 @@ def tracker_names(spec: str) -> tuple[str, ...]:
 
 
 def scalars(record: StepRecord) -> dict[str, float]:
-    """The record's numeric figures, finite ones only, by their "/"-joined names."""
-    return dict(_leaves(record.to_dict(), ""))
+    """The record's numeric figures, finite ones only, by their "/"-joined names (the step
+    and the time are the axes every tracker logs against, not figures)."""
+    figures = record.to_dict()
+    del figures["step"], figures["time"]
+    return dict(_leaves(figures, ""))
 
 
 def _leaves(value: Any, name: str) -> Iterator[tuple[str, float]]:
     if isinstance(value, Mapping):
         for key, inner in value.items():
-            if name or key not in ("step", "time"):  # the step is the x axis, not a figure
-                yield from _leaves(inner, f"{name}/{key}" if name else str(key))
+            yield from _leaves(inner, f"{name}/{key}" if name else str(key))
     elif isinstance(value, int | float) and not isinstance(value, bool) and \
             math.isfinite(value):
         yield name, float(value)
