@@ -9,7 +9,8 @@ public way in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
               records: str | Path | None = None, coherence_threshold: float = 0.0,
               distributed_state: str = "replicated", update_dtype: str = "exact",
               rebalance_rounds: int = 0, refresh_fn: RefreshFn = default_refresh_fn,
-              **options: Any) -> torch.optim.Optimizer:
+              trackers: str | Sequence[str] = "", **options: Any) -> torch.optim.Optimizer:
     """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
 
     `model` is the module being trained (its forward tells the runtime when a step starts, its
@@ -60,8 +61,13 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
     policy, which may change it mid-run. `weight_decay` (default 0, whatever the optimizer
     class's own default) applies to matrices only when a module is given. See `RuntimeConfig` for
     `telemetry`, `reporter`, `run_id`, `run_dir`, `records`, `coherence_threshold`,
-    `distributed_state`, `update_dtype`, `rebalance_rounds` and `refresh_fn`.
+    `distributed_state`, `update_dtype`, `rebalance_rounds` and `refresh_fn`. `trackers`
+    ("tensorboard", ["mlflow", "wandb"]) also logs every step record there (telemetry's
+    `trackers`, under the run's folder).
     """
+    if trackers:
+        names = trackers if isinstance(trackers, str) else ",".join(trackers)
+        telemetry = dataclasses.replace(telemetry or TelemetryConfig(), trackers=names)
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
     is_module = isinstance(model, torch.nn.Module)
     if is_module:

@@ -57,6 +57,7 @@ from asteria_core.telemetry.labels import Phase
 from asteria_core.telemetry.records import JsonlWriter, StepRecord
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
 from asteria_core.telemetry.timing import PhaseTimer
+from asteria_core.telemetry.trackers import Tracker, open_trackers
 from asteria_core.tiers import TierStore
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class Runtime:
         self._jsonl = JsonlWriter(Path(config.records)) if config.records is not None else None
         if self._jsonl is not None:
             self._listeners.append(self._jsonl)
+        self._trackers = self._open_trackers(config.telemetry)
+        self._listeners.extend(self._trackers)
         self._stop_requested = False
         self._closed = False
         self.boundary = Boundary(self._stages())
@@ -245,7 +248,18 @@ class Runtime:
             self.reporter.close()
             if self._jsonl is not None:
                 self._jsonl.close()
+            for tracker in self._trackers:
+                tracker.close()
             self.optimizer.runtime = None
+
+    def _open_trackers(self, telemetry: TelemetryConfig | None) -> list[Tracker]:
+        """The experiment trackers telemetry names, on rank 0 only: one run, logged once."""
+        if telemetry is None or not telemetry.trackers or \
+                (self.data_parallel is not None and self.data_parallel.policy_sync.rank != 0):
+            return []
+        folder = Path(telemetry.trackers_dir) if telemetry.trackers_dir else \
+            self.run_dir / "trackers"
+        return open_trackers(telemetry.trackers, folder, self.run_id)
 
     @property
     def world(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asteria_core.fields import Kind, setting
+from asteria_core.telemetry.trackers import tracker_names
 from asteria_core.validation import check, check_settings
 
 
@@ -36,11 +37,19 @@ class TelemetryConfig:
     metrics_host: str = setting(
         "127.0.0.1", Kind.STR, "Address `asteria train` serves /metrics on, when metrics_port is "
         "set.", min_length=1, max_length=255)
+    trackers: str = setting(
+        "", Kind.STR, "Also log every step record to these trackers, comma-separated: "
+        "tensorboard | mlflow | wandb (rank 0 of a data-parallel run; empty: none).",
+        max_length=64, words="a comma-separated list of tensorboard | mlflow | wandb, or empty")
+    trackers_dir: str = setting(
+        "", Kind.STR, "Folder the trackers write under; empty: the run's folder, trackers/.",
+        max_length=4096)
     metrics_port: int = setting(
         0, Kind.INT, "Serve /metrics on this port during `asteria train`; 0 does not serve.",
         minimum=0, maximum=65535)
 
     def __post_init__(self) -> None:
         check_settings(self, "telemetry")
+        tracker_names(self.trackers)
         check(not (self.metrics_port and not self.enabled), "telemetry.metrics_port",
                self.metrics_port, "0 while telemetry.enabled is false")
