@@ -16,7 +16,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -240,13 +239,12 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(report))
+    if runtime is not None:
+        # Join the refresh workers and the version exchange before the groups go: a thread
+        # left inside a C++ call when the interpreter exits is unwound by force, which aborts
+        # the process ("terminate called without an active exception").
+        runtime.close()
     dist.destroy_process_group()
-    # The report is written and the groups are gone: skip the interpreter's teardown, where a
-    # rank now and then aborts ("terminate called without an active exception", a thread
-    # unwinding through C++ at exit; not yet explained) and fails a job that measured fine.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -> dict:
