@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import random
+import shutil
 import struct
 import tempfile
 from pathlib import Path
@@ -165,7 +166,10 @@ def _link_over(source: Path, target: Path) -> None:
     """`target` becomes another name of `source`'s file, replacing what it was at once."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.link")
     tmp.unlink(missing_ok=True)
-    os.link(source, tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:  # a file system without hard links: a copy, written whole before the rename
+        shutil.copyfile(source, tmp)
     os.replace(tmp, target)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -256,6 +257,25 @@ def test_a_rank_killed_between_checkpoints_leaves_a_run_every_relaunch_resumes(
     out, _ = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
     resumed = int(out.split(f"resumed {folder / ckpt.CHECKPOINT_NAME} at step ")[1].split()[0])
     assert resumed == min(steps) and resumed % 20 == 0
+    got, expected = models(folder), models(straight[0])
+    assert same(got[0], got[1]) and same(got[0], expected[0])
+    assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
+
+
+def test_a_rank_killed_while_saving_resumes_the_step_every_rank_has(tmp_path, straight):
+    """The files a kill of rank 1 in the middle of its step-160 save leaves (its atomic write
+    never renamed: its newest is still step 140) while rank 0 saved 160: a relaunch resumes
+    step 140, the newest step both ranks have, says so, and ends as the uninterrupted run."""
+    folder = tmp_path / straight[0].name
+    shutil.copytree(straight[0], folder)
+    rank1 = folder / "rank1" / ckpt.CHECKPOINT_NAME
+    os.replace(ckpt.previous_path(rank1), rank1)
+    assert [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"], ckpt.load(rank1)["step"]] == \
+        [STEPS, STEPS - 20]
+
+    out, err = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
+    assert f"resumed {folder / ckpt.CHECKPOINT_NAME} at step {STEPS - 20}" in out
+    assert f"step {STEPS} is not on every rank" in err
     got, expected = models(folder), models(straight[0])
     assert same(got[0], got[1]) and same(got[0], expected[0])
     assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
