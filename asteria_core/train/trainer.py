@@ -260,7 +260,7 @@ class Trainer:
                 bad = "the state of another rank"
         if bad:
             raise ckpt.NonFiniteState(
-                f"step {self.step}: {bad} holds NaN or infinite values (the run diverged); not "
+                f"step {self.step}: NaN or infinite values in {bad} (the run diverged); not "
                 f"checkpointed, {path} keeps the last good state")
         ckpt.save_atomic(state, path, keep_previous=True)
         if path == self.checkpoint_path:
