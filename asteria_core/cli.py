@@ -180,6 +180,7 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
     from asteria_core.refresh import RefreshFailed
     from asteria_core.tiers import TierFileError
     from asteria_core.train import parallel
+    from asteria_core.train.checkpoint import NonFiniteState
     from asteria_core.train.trainer import Trainer
 
     try:
@@ -228,9 +229,9 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
     failed = None
     try:
         result = trainer.train(progress=not args.no_progress)
-    except RefreshFailed as err:
-        print(f"asteria: {who}run stopped at step {trainer.step}: {err}; checkpoint saved in "
-              f"{trainer.rank_dir}", file=sys.stderr)
+    except (RefreshFailed, NonFiniteState) as err:  # its state is not one to keep
+        print(f"asteria: {who}run stopped at step {trainer.step}: {err}; "
+              f"{_last_checkpoint(trainer)}", file=sys.stderr)
         return 1
     except (OSError, TierFileError) as err:  # a full disk, a folder it may not write
         failed = err

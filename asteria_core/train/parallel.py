@@ -173,7 +173,8 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 
 def check_resume(state: dict, path: Path, ranks: Ranks) -> None:
     """A checkpoint resumes only the layout that wrote it: each rank's file holds that rank's
-    part of the optimizer state (the blocks it owns) and its data position."""
+    part of the optimizer state (the blocks it owns) and its data position. (Which step every
+    rank resumes is `train.resume.choose`'s.)"""
     wrote = state.get("ranks", {"world": 1, "local_world": 1})
     world, local = int(wrote["world"]), int(wrote["local_world"])
     if (world, local) != (ranks.world, ranks.local_world):
@@ -181,14 +182,6 @@ def check_resume(state: dict, path: Path, ranks: Ranks) -> None:
                          f"{local} per node; this run has {ranks.world}, {ranks.local_world} per "
                          "node; allowed: a checkpoint of a run launched the same way (every "
                          "rank holds its own part of the optimizer state)")
-    if ranks.parallel:
-        steps: list[int | None] = [None] * ranks.world
-        dist.all_gather_object(steps, int(state["step"]))
-        if len(set(steps)) > 1:
-            raise ValueError(f"train.resume: the ranks' checkpoints beside {path} are of "
-                             f"different steps ({', '.join(map(str, steps))}, rank by rank): "
-                             "a rank stopped while writing its checkpoint; allowed: checkpoints "
-                             "of one step")
 
 
 class StopVote:

@@ -35,9 +35,9 @@ from asteria_core.runtime.runtime import Runtime, new_run_id
 from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.records import StepRecord
 from asteria_core.telemetry.reporter import RunReporter
-from asteria_core.tiers import TierFileError
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train import parallel
+from asteria_core.train import resume as resume_choice
 from asteria_core.train.config import RESUME_AUTO, ConfigError, Device, RunConfig, parse_cpu_list
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.data import (
@@ -115,14 +115,12 @@ class Trainer:
         if ranks.parallel:  # one run: rank 0's checkpoint and id on every rank
             resume_path, run_id = parallel.share((resume_path, run_id))
         resume = None
+        self.resumed: resume_choice.Choice | None = None
+        """The checkpoint this run resumed, and what was passed over to get to it."""
         if resume_path is not None:
-            path = parallel.rank_checkpoint(Path(resume_path), ranks)
-            if not path.is_file():
-                raise ValueError(f"train.resume: {ranks.describe()} needs its checkpoint {path}, "
-                                 "which does not exist; allowed: the run folder of a run "
-                                 "launched the same way")
-            resume = ckpt.load(path)
-            parallel.check_resume(resume, path, ranks)
+            self.resumed = resume_choice.choose(Path(resume_path), ranks)
+            resume = ckpt.load(self.resumed.path, verified=True)
+            parallel.check_resume(resume, self.resumed.path, ranks)
             # The architecture comes from the checkpoint; the schedule and paths from `config`.
             config = dataclasses.replace(
                 config, model=config_from_dict(resume["config"]).model,
@@ -182,8 +180,11 @@ class Trainer:
         self.telemetry = self.runtime.telemetry
         self.checkpoint_sinks: list[CheckpointSink] = []
         self.model_params = self.model.num_params()
+        self._saved_step = -1
+        """The step of this rank's newest checkpoint file (-1: none written or resumed)."""
         if resume is not None:
             self._restore(resume)
+            self._saved_step = self.step
         self.net: torch.nn.Module = self.model
         """What a training step runs: the model, or its DistributedDataParallel wrapper."""
         if ranks.parallel:  # broadcasts rank 0's parameters: replicas start equal
@@ -244,11 +245,26 @@ class Trainer:
         }
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
-        """This rank's checkpoint; in a data-parallel run every rank calls it at one step (the
-        settle completes the transfers every rank posted)."""
+        """This rank's checkpoint, the one before it kept beside it; in a data-parallel run
+        every rank calls it at one step (the settle completes the transfers every rank posted,
+        and the ranks agree that the state is finite). NonFiniteState, nothing written, when
+        the state on some rank holds NaN or infinite values: the last good checkpoint stays."""
         path = path or self.checkpoint_path
         self.runtime.settle()  # outstanding refreshes go into the optimizer's state
-        ckpt.save_atomic(self.checkpoint_state(), path)
+        state = self.checkpoint_state()
+        bad = _non_finite(state)
+        if self.ranks.parallel:  # the ranks' optimizer states differ: every rank saves or none
+            flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and not bad:
+                bad = "the state of another rank"
+        if bad:
+            raise ckpt.NonFiniteState(
+                f"step {self.step}: NaN or infinite values in {bad} (the run diverged); not "
+                f"checkpointed, {path} keeps the last good state")
+        ckpt.save_atomic(state, path, keep_previous=True)
+        if path == self.checkpoint_path:
+            self._saved_step = self.step
         for sink in self.checkpoint_sinks:
             sink(self.step, path)
         return path
@@ -258,7 +274,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(state["data"])
-        ckpt.set_rng_state(state["rng"])
+        missing = ckpt.set_rng_state(state["rng"])
+        if missing:  # the run goes on; its random draws on those devices are not the saved ones
+            log.warning("train.resume: %s", missing)
         self.runtime.step = int(state["step"])
 
     def close(self) -> None:
@@ -343,7 +361,7 @@ class Trainer:
         last = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
         result = TrainResult(run_dir=self.run_dir, step=self.step)
         bar = progress_bar(self.step, cfg.steps) if progress and self.ranks.main else None
-        state_ok = True
+        ended_at_a_boundary = False
         try:
             while self.step < last and not self._stopping():
                 self.train_step()
@@ -356,17 +374,27 @@ class Trainer:
                 if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
                     self.save_checkpoint()
                 _update_bar(bar, record, cfg.log_interval, self.ranks.world)
-        except TierFileError:
-            state_ok = False  # the step stopped halfway: keep the last good checkpoint
-            raise
+            ended_at_a_boundary = True
         finally:
             if bar is not None:
                 bar.close()
-            if state_ok:
-                self.save_checkpoint()
+        # Only a loop that ended where every rank ends (its last step, or a stop all agreed on)
+        # saves: after an error the step may be half done, and in a data-parallel run the
+        # others may never reach it; the last checkpoint is the one to resume.
+        if ended_at_a_boundary and self._saved_step != self.step:  # not twice: prev stays older
+            self.save_checkpoint()
         result.step = self.step
         result.stopped_early = self.step < cfg.steps
         return result
+
+
+def _non_finite(state: dict) -> str | None:
+    """Which part of a checkpoint's state holds a NaN or an infinite value (None: none)."""
+    for part in ("model", "optimizer"):
+        for t in ckpt.tensors(state[part]):
+            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+                return "the model's parameters" if part == "model" else "the optimizer's state"
+    return None
 
 
 def _keep_records_until(path: Path, step: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,9 +92,11 @@ def test_replicas_end_identical_and_only_rank_0_writes_the_run(straight):
     assert same(rank0, rank1)
     # Rank 0's files in the run folder, rank 1's checkpoint (and disk tier) in rank1/.
     files = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
-    assert {"checkpoint.pt", "steps.jsonl", "rank1/checkpoint.pt"} <= files
+    assert {"checkpoint.pt", "checkpoint.prev.pt", "steps.jsonl", "rank1/checkpoint.pt",
+            "rank1/checkpoint.prev.pt"} <= files
     assert not [f for f in files if f.startswith("rank1/") and not
-                (f == "rank1/checkpoint.pt" or f.startswith("rank1/tiers/"))], files
+                (f in ("rank1/checkpoint.pt", "rank1/checkpoint.prev.pt") or
+                 f.startswith("rank1/tiers/"))], files
     records = steps_of(folder)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert all(r["distributed"]["world"] == 2 and r["distributed"]["rank"] == 0
@@ -219,3 +222,60 @@ def test_a_data_parallel_checkpoint_resumes_only_the_layout_that_wrote_it(straig
     with pytest.raises(ValueError, match=r"^train.resume: .* was written by a run of 2 "
                                          r"rank\(s\), 2 per node; this run has 1"):
         Trainer(config)
+
+
+def _kill_rank_1_after(proc: subprocess.Popen, records: Path, steps: int) -> int:
+    """SIGKILL rank 1 once rank 0 has recorded `steps` steps; the last step recorded then."""
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        found = list(records.glob("*/steps.jsonl"))
+        lines = found[0].read_text().splitlines() if found else []
+        if len(lines) >= steps:
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)
+            return json.loads(lines[-1])["step"]
+        time.sleep(0.01)
+    raise AssertionError("the run ended or stalled before the kill")
+
+
+def test_a_rank_killed_between_checkpoints_leaves_a_run_every_relaunch_resumes(
+        tmp_path, straight):
+    """kill -9 of rank 1 between checkpoints (every 20 steps): rank 0 fails at its next
+    collective and saves nothing on the way out, so both ranks still share their last step;
+    the same command launched again resumes there and ends as the uninterrupted run, with the
+    same loss at every step."""
+    proc = launch("asteria_core.cli", tmp_path, "--train.resume", "auto")
+    try:
+        killed_after = _kill_rank_1_after(proc, tmp_path, 27)
+    finally:
+        finish(proc, ok=False)
+    assert proc.returncode != 0
+    folder = run_dir(tmp_path)
+    steps = [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"],
+             ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["step"]]
+    assert steps[0] % 20 == 0 and steps[0] <= killed_after, (steps, killed_after)
+
+    out, _ = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
+    resumed = int(out.split(f"resumed {folder / ckpt.CHECKPOINT_NAME} at step ")[1].split()[0])
+    assert resumed == min(steps) and resumed % 20 == 0
+    got, expected = models(folder), models(straight[0])
+    assert same(got[0], got[1]) and same(got[0], expected[0])
+    assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
+
+
+def test_a_rank_killed_while_saving_resumes_the_step_every_rank_has(tmp_path, straight):
+    """The files a kill of rank 1 in the middle of its step-160 save leaves (its atomic write
+    never renamed: its newest is still step 140) while rank 0 saved 160: a relaunch resumes
+    step 140, the newest step both ranks have, says so, and ends as the uninterrupted run."""
+    folder = tmp_path / straight[0].name
+    shutil.copytree(straight[0], folder)
+    rank1 = folder / "rank1" / ckpt.CHECKPOINT_NAME
+    os.replace(ckpt.previous_path(rank1), rank1)
+    assert [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"], ckpt.load(rank1)["step"]] == \
+        [STEPS, STEPS - 20]
+
+    out, err = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
+    assert f"resumed {folder / ckpt.CHECKPOINT_NAME} at step {STEPS - 20}" in out
+    assert f"step {STEPS} is not on every rank" in err
+    got, expected = models(folder), models(straight[0])
+    assert same(got[0], got[1]) and same(got[0], expected[0])
+    assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
