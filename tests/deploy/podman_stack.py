@@ -151,7 +151,9 @@ def _debian_base(log) -> None:
 
 
 def build(tag: str, containerfile: Path, context: Path, *extra: str) -> None:
-    run(["podman", "build", "--isolation", "chroot", "--network", "host", "-t", tag,
+    # Docker's image format, as `docker build` writes it: the OCI format has no HEALTHCHECK.
+    run(["podman", "build", "--format", "docker", "--isolation", "chroot", "--network", "host",
+         "-t", tag,
          "-f", str(containerfile), *extra, str(context)], timeout=BUILD_SECONDS)
 
 
