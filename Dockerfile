@@ -15,6 +15,11 @@ ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_CUDA_INDEX=
 # Keep in step with the torch range in pyproject.toml (a test checks it).
 ARG TORCH_SPEC="torch>=2.4,<=2.13.0"
+# pip's settings for a build host that reaches its packages another way (a mirror, a local wheel
+# folder mounted into the build): empty by default, and pip treats an empty one as unset.
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -32,11 +37,19 @@ RUN case "$TORCH_VARIANT" in \
       *)    echo "TORCH_VARIANT must be cpu or cuda, got '$TORCH_VARIANT'" >&2; exit 2 ;; \
     esac
 
+# Every package pyproject.toml installs (a test holds the two lists equal): `asteria` holds the
+# command the image runs.
 COPY pyproject.toml README.md ./
+COPY asteria ./asteria
 COPY asteria_core ./asteria_core
+COPY asteria_bench ./asteria_bench
 COPY backend ./backend
 COPY dashboard ./dashboard
-RUN pip install . && python -c "import asteria_core, backend, dashboard, torch; print('torch', torch.__version__)"
+# [app]: the control plane's and the dashboard's dependencies (pip only warns where a version of
+# the project has no such extra and installs its dependencies).
+RUN pip install ".[app]" \
+    && asteria --help > /dev/null \
+    && python -c "import asteria, asteria_core, backend, dashboard, torch; print('torch', torch.__version__)"
 
 # An unprivileged user; /data is the run store (SQLite, token, run folders with checkpoints).
 # Named volumes mounted there start with this ownership.

@@ -7,20 +7,26 @@ address there and failed in connectFullMesh (connection refused), or waited for 
 that never came. Under a prefix of the attempt every key is new, for the default group and for
 every group `new_group` makes from its store (the runtime's side groups). NCCL's unique id
 travels through the same store, so the prefix serves it too.
+
+The attempt is counted in the store itself: each rank counts its own starts there, and every
+attempt starts every rank once, so the count agrees across ranks and nodes. torchrun's
+TORCHELASTIC_RESTART_COUNT (and the `/worker/attempt_<n>` prefix env:// puts on the store) is a
+node's own count: the node whose rank failed counts a restart, a node whose healthy ranks were
+restarted because a peer node rejoined does not, and the ranks would wait under different
+prefixes for peers that never come.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch.distributed as dist
 
 
 def init_process_group(backend: str) -> None:
-    """`dist.init_process_group(backend)` on torchrun's store under the prefix of this attempt
-    (TORCHELASTIC_RESTART_COUNT: the restarts of a node's worker group, the same on every rank
-    of a node, and across nodes as long as every node's workers restart together)."""
+    """`dist.init_process_group(backend)` on torchrun's store under the prefix of this attempt:
+    the number of times this rank has started on that store, the same on every rank."""
     store, rank, world = next(dist.rendezvous("env://"))  # torchrun's store, as env:// makes it
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
+    while isinstance(store, dist.PrefixStore):  # env:// prefixes the node's own restart count
+        store = store.underlying_store
+    attempt = store.add(f"asteria/starts/rank{rank}", 1)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"asteria/attempt{attempt}/", store),
                             rank=rank, world_size=world)

@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 
+from asteria_core.compat import tomllib
 from tests.components import missing
 from tests.deploy.conftest import (
     COMPOSE_FILE,
@@ -98,8 +99,15 @@ def test_images_are_built_from_the_projects_dockerfile():
     pyproject = re.search(r'^\s*"(torch[<>=!~].*?)",', (REPO / "pyproject.toml").read_text(),
                           re.M).group(1)
     assert torch_spec == pyproject, f"Dockerfile {torch_spec!r}, pyproject.toml {pyproject!r}"
-    for copied in re.findall(r"^COPY (\S+)", DOCKERFILE, re.M):
-        assert (REPO / copied).exists(), f"the Dockerfile copies missing {copied}"
+    copied = re.findall(r"^COPY (\S+)", DOCKERFILE, re.M)
+    for path in copied:
+        assert (REPO / path).exists(), f"the Dockerfile copies missing {path}"
+    # Every package pyproject.toml installs is copied: `asteria` holds the command the image runs.
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    packages = {name.rstrip("*") for name in include}
+    assert packages <= set(copied), f"the Dockerfile does not copy {packages - set(copied)}"
+    assert re.search(r'^CMD \["asteria", "serve"', DOCKERFILE, re.M)
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
 
