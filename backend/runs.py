@@ -262,18 +262,31 @@ class RunManager:
             lr = runtime.optimizer.param_groups[0]["lr"]
             config = {"optim": {"name": runtime.optimizer_name, "lr": float(lr)},
                       "runtime": {"attached": True}}
-            # the script's folder if it made one; none else (it keeps its own files)
-            folder = Path(runtime.run_dir).absolute()
-            self.store.create_run(runtime.run_id, config, folder if folder.is_dir() else "",
-                                  total_steps)
-            self.store.set_policy(runtime.run_id, runtime.policy.current.to_dict(),
-                                  runtime.policy.version)
+            if self.store.get_run(runtime.run_id) is None:
+                # the script's folder if it made one; none else (it keeps its own files)
+                folder = Path(runtime.run_dir).absolute()
+                self.store.create_run(runtime.run_id, config,
+                                      folder if folder.is_dir() else "", total_steps)
+                self.store.set_policy(runtime.run_id, runtime.policy.current.to_dict(),
+                                      runtime.policy.version)
+            else:  # the same run again: a relaunch or torchrun's restart, from its checkpoint
+                self._requeue_acknowledged(runtime)
+                self.store.set_status(runtime.run_id, RunStatus.RUNNING, checked=True)
             recorder = self._recorder(runtime.run_id, runtime.policy)
             recorder.created(status=RunStatus.RUNNING, step=runtime.step,
                              policy_version=runtime.policy.version)
             self.last_telemetry = runtime.telemetry
             self._active = AttachedRun(runtime, recorder)
         return self.get(runtime.run_id)
+
+    def _requeue_acknowledged(self, runtime: Runtime) -> None:
+        """Queue again every stored change the resumed runtime does not hold (its checkpoint
+        predates them): a change answered 200 is never lost to a restart."""
+        for change in self.store.policy_changes(runtime.run_id):
+            if change.version > runtime.policy.version:
+                runtime.policy.propose({k: new for k, (_, new) in change.diff.items()},
+                                       client=change.client, requested_at=change.requested_at,
+                                       reason=change.reason, version=change.version)
 
     def detach(self) -> None:
         """End the attached run's connection: finished if its runtime was closed, else
