@@ -219,7 +219,20 @@ class RunManager:
         except BaseException:
             live.drop(change)
             raise
-        return live.queue(change)
+        queued = live.queue(change)
+        if queued.effective_step != change.effective_step:  # boundaries passed while storing
+            self.store.add_policy_change(run_id, queued)
+        return queued
+
+    def policy_history(self, run_id: str) -> list[PolicyChange]:
+        """Every change of the run by version: the stored ones, with the active run's own
+        (queued or applied: their true effective step) over those it holds."""
+        changes = {c.version: c for c in self.store.policy_changes(run_id)}
+        active = self._active
+        if active is not None and active.run_id == run_id:
+            for change in (*active.policy.history(), *active.policy.pending()):
+                changes[change.version] = change
+        return [changes[v] for v in sorted(changes)]
 
     def autopilot(self, run_id: str) -> Autopilot:
         """The active run's autopilot (a second-order optimizer's; 409 otherwise)."""

@@ -42,7 +42,7 @@ def policy_history(run_id: RunIdPath, manager: Manager, reader: Reader) -> list[
     """Every change, including one acknowledged but not yet in force (applied_at null); the
     client that asked is shown to token holders only."""
     manager.get(run_id)
-    changes = manager.store.policy_changes(run_id)
+    changes = manager.policy_history(run_id)
     return [_public(change if reader else public.change(change)) for change in changes]
 
 
