@@ -6,6 +6,8 @@ browser (test_browser.py).
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pandas as pd
 import pyarrow as pa
@@ -32,7 +34,9 @@ def app(run_id: str | None = None, page: str | None = None) -> AppTest:
 
 
 def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
+    """The elements' Markdown, with the escapes that keep values literal taken out (what a
+    reader sees, markup aside)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", "\n".join(str(e.value) for e in elements))
 
 
 def charts(at: AppTest) -> list:
