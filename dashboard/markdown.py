@@ -26,4 +26,5 @@ def code(value: Any) -> str:
     shown = _LINE_BREAKS.sub(" ", str(value))
     longest = max((len(run) for run in re.findall(r"`+", shown)), default=0)
     fence = "`" * (longest + 1)
-    return f"{fence} {shown} {fence}" if shown else "empty"
+    pad = " " if shown.startswith(("`", " ")) or shown.endswith(("`", " ")) else ""
+    return f"{fence}{pad}{shown}{pad}{fence}" if shown else "empty"
