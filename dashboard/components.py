@@ -182,6 +182,8 @@ def _answer(run_id: str) -> None:
         diff = text(", ".join(f"{k} {a} -> {b}" for k, (a, b) in payload["diff"].items()))
         st.success(f"Accepted: policy **version {payload['version']}**, takes effect at "
                    f"**step {payload['effective_step']}** ({diff}).", icon=":material/check:")
+    elif kind == "unchanged":
+        st.info("Every field equals the current policy: nothing was sent.")
     elif kind == "invalid":
         lines = "\n".join(f"- {code(field)}: {text(without_field(field, msg))}"
                           for field, msg in payload)
@@ -209,7 +211,8 @@ def policy_form(run: dict[str, Any]) -> None:
     st.caption(f"Policy version {pol['version']} in force" + (f"; queued: {pending}" if pending
                                                                else "") + ".")
     values: dict[str, Any] = {}
-    with st.form(key=f"policy_form_{run_id}_{version}"):
+    # Enter in a field does not send: a change goes out only with the Apply button.
+    with st.form(key=f"policy_form_{run_id}_{version}", enter_to_submit=False):
         _field_grid(front, newest, values, f"{run_id}_{version}", active)
         if advanced:
             with st.expander(f"Advanced ({len(advanced)} more fields)"):
@@ -270,8 +273,8 @@ def _word_or_int(text: str, words: tuple[str, ...]) -> int | str:
 
 
 def _send(run_id: str, changes: dict[str, Any]) -> None:
-    if not changes:
-        st.info("Every field equals the current policy: nothing was sent.")
+    if not changes:  # the one outcome shown: it replaces an earlier answer
+        st.session_state["policy_answer"] = ("unchanged", run_id, None)
         return
     try:
         answer = state.client().set_policy(run_id, changes)

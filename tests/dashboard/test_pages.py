@@ -88,6 +88,22 @@ def test_policy_form_sends_a_patch_and_shows_the_answer(dashboard_env, http, liv
     policy = wait_until(lambda: (p := http.get(f"/runs/{live_run}/policy").json())["version"]
                         == version + 1 and p, what="policy applied")
     assert policy["policy"]["staleness_bound"] == 7
+    # Apply again with nothing changed: that outcome alone, not beside the earlier "Accepted".
+    at.button(key=f"pf_submit_{live_run}").click().run()
+    assert not at.exception, at.exception
+    assert "nothing was sent" in texts(at.info) and len(at.success) == 0
+    [form] = [f for f in forms(at._tree) if f.form_id.startswith("policy_form_")]
+    assert not form.enter_to_submit  # Enter in a field sends nothing; Apply does
+
+
+def forms(node) -> list:
+    """The form blocks (their protos) under an AppTest node."""
+    proto = getattr(node, "proto", None)
+    found = [proto.form] if getattr(node, "type", None) == "form" and proto is not None \
+        else []
+    for child in getattr(node, "children", {}).values():
+        found += forms(child)
+    return found
 
 
 def test_policy_form_shows_the_validation_error_verbatim(dashboard_env, http, live_run):
