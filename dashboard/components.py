@@ -144,8 +144,12 @@ def run_banner(run: dict[str, Any]) -> None:
             st.warning(f"Run {rid} is **paused** {where}. Resume it on the Runs page.",
                        icon=":material/pause_circle:")
         case RunStatus.FINISHED:
-            st.info(f"Run {rid} is **finished** ({where}). Showing its recorded history; its "
-                    "policy can no longer be changed.", icon=":material/flag:")
+            kept = run.get("checkpoint_step")
+            st.success(f"**Run {rid} has finished**: all {run['total_steps']} steps done. "
+                       + (f"Its checkpoint is at step {kept}. " if kept is not None else "")
+                       + "Its records stay here to view (the final loss is the headline's "
+                       "Train loss); its policy can no longer be changed.",
+                       icon=":material/flag:")
         case RunStatus.STOPPED | RunStatus.INTERRUPTED:
             st.warning(f"Run {rid} is **{status}** {where}. Showing its recorded history; "
                        "resume it from its last checkpoint on the Runs page.",

@@ -69,7 +69,10 @@ def test_live_page_of_a_finished_run(dashboard_env, http, finished_run):
     at = app(finished_run)
     assert not at.exception, at.exception
     notes = texts(at.info)
-    assert f"Run {finished_run} is **finished**" in notes
+    done = texts(at.success)
+    assert f"**Run {finished_run} has finished**: all 120 steps done." in done
+    kept = http.get(f"/runs/{finished_run}").json()["checkpoint_step"]
+    assert (f"Its checkpoint is at step {kept}." in done) is (kept is not None)
     assert "**Staleness**: not reported by this run" in notes  # AdamW has no refresh engine
     assert "**v2** from step" in texts(at.caption)  # the marker of the audited change
     step = http.get(f"/runs/{finished_run}/policy/history").json()[0]["effective_step"]
