@@ -35,6 +35,7 @@ def panel(run: dict[str, Any]) -> None:
     st.caption(f"Objective: {text(config['objective'])} · bounds: {bounds} · at least "
                f"{config['spacing']} steps between changes; your own change holds its field "
                f"for {config['hold']} steps.")
+    reading_view(pilot.get("reading"), run_id)
     left, right = st.columns([3, 1])
     mode = left.radio("Autopilot mode", MODES, index=MODES.index(config["mode"]),
                       horizontal=True, key=f"ap_mode_{run_id}", help=MODE_HELP)
@@ -63,6 +64,25 @@ def panel(run: dict[str, Any]) -> None:
                      hide_index=True, key=f"ap_decisions_{run_id}")
     else:
         st.caption("No decision yet.")
+
+
+def reading_view(reading: dict[str, Any] | None, run_id: str) -> None:
+    """What the autopilot read at its latest decision, against the thresholds its rules act
+    on: why it decided nothing, or what it decided from."""
+    if reading is None:
+        st.caption("No reading yet: the autopilot reads the step records at each boundary "
+                   "while it is on.")
+        return
+    read, needed = reading["records_read"], reading["records_needed"]
+    st.caption(f"Latest reading at step {reading['step']}: {read} of the {needed} records its "
+               "window needs" + ("; no decision before the window is full." if read < needed
+                                 else "; a rule acts only where a figure crosses its threshold."))
+    if reading["figures"]:
+        st.dataframe(pd.DataFrame([{"figure": f["name"], "read": f["value"], "low": f["low"],
+                                    "target": f["target"], "high": f["high"],
+                                    "what crossing does": f["acts"]}
+                                   for f in reading["figures"]]),
+                     hide_index=True, key=f"ap_reading_{run_id}")
 
 
 def _write(call, done: str) -> None:
