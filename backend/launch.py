@@ -129,8 +129,10 @@ class Progress:
     drawn at its run's first new step, so the lines the run logs as it starts (the control
     plane's own, on the same terminal) stand above it instead of inside it."""
 
-    def __init__(self, api: str, data_dir: Path | None = None) -> None:
+    def __init__(self, api: str, data_dir: Path | None = None, draw: bool = True) -> None:
         self.api, self.run, self.since, self.total, self.bar = api, None, 0, 0, None
+        self.draw = draw
+        """False (--no-progress): no bar, but a run's end is still announced."""
         self.data_dir, self.loss = data_dir, None
         self.started, self.seen = time.time(), False
 
@@ -157,10 +159,13 @@ class Progress:
         page = httpx.get(f"{self.api}/runs/{self.run}/steps", params={"since": self.since},
                          timeout=2.0).json()
         if page["steps"]:
-            if self.bar is None:
-                self.bar = progress_bar(self.since, self.total)
             last = page["steps"][-1]
             self.loss = last["loss"]
+            if not self.draw:
+                self.since = page["next_since"]
+                return
+            if self.bar is None:
+                self.bar = progress_bar(self.since, self.total)
             self.bar.update(page["next_since"] - self.since)
             self.bar.set_postfix(progress_figures(last["loss"], last["tokens"],
                                                   last["step_seconds"], last.get("eval_loss")))
@@ -305,14 +310,13 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
     print(f"asteria: control plane  {api}  (API docs {api}/docs, metrics {api}/metrics)\n"
           f"asteria: dashboard      {ui}\n"
           "asteria: Ctrl-C stops both", flush=True)
-    line = Progress(api, data_dir)
+    line = Progress(api, data_dir, draw=progress)
     try:
         while not stop.is_set():
             for child in children:
                 if not child.alive():
                     return _failed(child, stop)
-            if progress:
-                line.poll()
+            line.poll()
             stop.wait(0.5)
     finally:
         line.close()

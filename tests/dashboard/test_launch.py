@@ -97,8 +97,10 @@ def test_start_serves_both_shows_the_run_training_and_a_signal_stops_both(launch
     assert (launcher.data / "runs" / run_id / "checkpoint.pt").is_file()
 
 
-def test_a_finished_run_is_announced_and_ctrl_c_then_exits(tmp_path):
-    launcher = Launcher(tmp_path, "--train.steps", "30", "--train.checkpoint_interval", "10")
+@pytest.mark.parametrize("bar", [True, False], ids=["progress", "no-progress"])
+def test_a_finished_run_is_announced_and_ctrl_c_then_exits(tmp_path, bar):
+    launcher = Launcher(tmp_path, "--train.steps", "30", "--train.checkpoint_interval", "10",
+                        *([] if bar else ["--no-progress"]))
     try:
         launcher.ready()
         wait_until(lambda: "Ctrl-C exits" in launcher.output, 240, 0.2, "the end announced")
@@ -111,6 +113,7 @@ def test_a_finished_run_is_announced_and_ctrl_c_then_exits(tmp_path):
         assert f"its checkpoint (step 30) is {folder / 'checkpoint.pt'}" in out
         assert (folder / "checkpoint.pt").is_file()
         assert "stay up to view it; Ctrl-C exits" in out
+        assert ("30/30" in out) is bar  # the bar, only where asked for
         assert launcher.interrupt() == 0, launcher.output
         assert "no run is training" in launcher.output
         assert "next step boundary" not in launcher.output
