@@ -20,6 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -255,6 +256,19 @@ def _install_landing(app: FastAPI, settings: Settings) -> None:
         return HTMLResponse(page)
 
 
+LOCAL_NAMES = ("localhost", "127.0.0.1", "[::1]")
+WILDCARD_BINDS = ("", "0.0.0.0", "::")
+
+
+def served_names(settings: Settings) -> list[str]:
+    """The names a request's Host header may give: loopback's, the bound address (not a
+    wildcard: that names no host) and the operator's allowed_hosts."""
+    names = [*LOCAL_NAMES, *settings.allowed_hosts]
+    if settings.host not in WILDCARD_BINDS:
+        names.append(f"[{settings.host}]" if ":" in settings.host else settings.host.lower())
+    return names
+
+
 def create_app(settings: Settings | None = None, default_config: RunConfig | None = None, *,
                attach: Runtime | None = None, total_steps: int = 0) -> FastAPI:
     """The app; `default_config` is the run started at start-up (if settings allow), `attach`
@@ -299,7 +313,8 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
         docs_url=None,  # _install_docs: served from the package, not a CDN
         redoc_url=None,
         max_body_size=settings.max_body_bytes,
-        responses={400: {"description": "malformed request"},
+        responses={400: {"description": "malformed request, or a Host header that names none "
+                                        "of the served names (allowed_hosts)"},
                    413: {"description": "request body too large"},
                    422: {"description": "invalid input; the message names the field"},
                    429: {"description": "too many wrong tokens from this client; retry after "
@@ -311,6 +326,9 @@ def create_app(settings: Settings | None = None, default_config: RunConfig | Non
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "PATCH"],
                            allow_headers=["Authorization", "Content-Type"])
+    # Outermost: a Host the server does not answer to gets 400 before anything else runs.
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=served_names(settings),
+                       www_redirect=False)
     _install_error_handlers(app)
     _install_docs(app)
     _install_landing(app, settings)

@@ -26,6 +26,7 @@ import uvicorn
 
 from asteria_core.runtime import Runtime
 from backend.app import create_app
+from backend.serving import uvicorn_config
 from backend.settings import Settings
 
 START_SECONDS = 30.0
@@ -61,8 +62,7 @@ def serve(runtime: Runtime, *, host: str | None = None, port: int | None = None,
     settings = settings or Settings(**{k: v for k, v in overrides.items() if v is not None})
     settings = settings.model_copy(update={"start_default_run": False})
     app = create_app(settings, attach=runtime, total_steps=total_steps)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="asteria-control-plane", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_SECONDS

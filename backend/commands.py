@@ -38,6 +38,7 @@ def cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.app import create_app
+    from backend.serving import uvicorn_config
     from backend.settings import Settings
 
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir}
@@ -47,7 +48,7 @@ def cmd_serve(config: RunConfig, args: argparse.Namespace) -> int:
     if not args.no_banner:
         print(f"asteria: control plane on http://{settings.host}:{settings.port} "
               f"(API docs at /docs, metrics at /metrics)", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="warning")
+    uvicorn.Server(uvicorn_config(app, settings, workers=1, log_level="warning")).run()
     return 0
 
 

@@ -48,7 +48,7 @@ from asteria_core.cli import to_toml
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.train.progress import progress_bar, progress_figures
-from backend.run_states import RESUMABLE
+from backend.run_states import ACTIVE, RESUMABLE
 from backend.settings import Settings
 
 DASHBOARD_PORT = 8501
@@ -129,19 +129,29 @@ class Progress:
     drawn at its run's first new step, so the lines the run logs as it starts (the control
     plane's own, on the same terminal) stand above it instead of inside it."""
 
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: str, data_dir: Path | None = None, draw: bool = True) -> None:
         self.api, self.run, self.since, self.total, self.bar = api, None, 0, 0, None
+        self.draw = draw
+        """False (--no-progress): no bar, but a run's end is still announced."""
+        self.data_dir, self.loss = data_dir, None
+        self.started, self.seen = time.time(), False
 
     def poll(self) -> None:
         try:
             run = httpx.get(f"{self.api}/healthz", timeout=2.0).json()["active_run"]
             if self.run is not None:
                 self._advance()  # also the last steps of a run that has just ended
+            if run is None and not self.seen:
+                self._ended_before_first_poll()
             if run != self.run:
+                ended = self.run
                 self.close()
+                if ended is not None:
+                    self._announce_end(ended)
                 if run is not None:
                     info = httpx.get(f"{self.api}/runs/{run}", timeout=2.0).json()
                     self.run, self.since, self.total = run, info["step"], info["total_steps"]
+                    self.seen = True
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass  # tried again at the next poll; a child that died is noticed by the caller
 
@@ -149,9 +159,13 @@ class Progress:
         page = httpx.get(f"{self.api}/runs/{self.run}/steps", params={"since": self.since},
                          timeout=2.0).json()
         if page["steps"]:
+            last = page["steps"][-1]
+            self.loss = last["loss"]
+            if not self.draw:
+                self.since = page["next_since"]
+                return
             if self.bar is None:
                 self.bar = progress_bar(self.since, self.total)
-            last = page["steps"][-1]
             self.bar.update(page["next_since"] - self.since)
             self.bar.set_postfix(progress_figures(last["loss"], last["tokens"],
                                                   last["step_seconds"], last.get("eval_loss")))
@@ -161,6 +175,38 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
         self.run, self.bar = None, None
+
+    def _ended_before_first_poll(self) -> None:
+        """A run started by this launch that ended before the first poll saw it (a short
+        one, while the dashboard was starting) is announced all the same."""
+        runs = httpx.get(f"{self.api}/runs", timeout=2.0).json()
+        self.seen = True
+        if runs and runs[0]["created_at"] >= self.started and runs[0]["status"] not in ACTIVE:
+            self._announce_end(runs[0]["id"])
+
+    def _announce_end(self, run_id: str) -> None:
+        """The run has ended: say how, where its records and checkpoint are, and what now."""
+        info = httpx.get(f"{self.api}/runs/{run_id}", timeout=2.0).json()
+        print(ended_text(info, self.loss, self.data_dir), flush=True)
+        self.loss = None
+
+
+def ended_text(info: dict, loss: float | None, data_dir: Path | None) -> str:
+    """What the terminal says when a run ends (`info`: GET /runs/{id})."""
+    run_id, status = info["id"], info["status"]
+    text = f"asteria: run {run_id} {status} at step {info['step']} of {info['total_steps']}"
+    if loss is not None:
+        text += f", final loss {loss:.4f}"
+    if info.get("error"):
+        text += f": {info['error']}"
+    folder = data_dir / "runs" / run_id if data_dir is not None else None
+    text += f"\nasteria: its step records are in the run store (GET /runs/{run_id}/steps" + \
+        (f"; files in {folder}" if folder else "") + ")"
+    if info.get("checkpoint_step") is not None:
+        where = folder / CHECKPOINT_NAME if folder else "its run folder"
+        text += f"; its checkpoint (step {info['checkpoint_step']}) is {where}"
+    return text + ("\nasteria: the control plane and the dashboard stay up to view it; "
+                   "Ctrl-C exits")
 
 
 def _wait_ready(child: Child, url: str, ok: Callable[[httpx.Response], bool],
@@ -213,9 +259,12 @@ def start(config: RunConfig, settings: Settings | None = None,
                     resume)
     finally:
         stopping = _active_run(api) if children and children[0].alive() else None
-        if children:
+        if children and stopping:
             print("asteria: stopping the dashboard and the control plane (the run stops at "
                   "its next step boundary and keeps a checkpoint)...", flush=True)
+        elif children:
+            print("asteria: exiting: no run is training; stopping the dashboard and the "
+                  "control plane...", flush=True)
         for child in reversed(children):
             child.stop(GRACE_SECONDS[child.name], hurry)
         if children:
@@ -261,14 +310,13 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
     print(f"asteria: control plane  {api}  (API docs {api}/docs, metrics {api}/metrics)\n"
           f"asteria: dashboard      {ui}\n"
           "asteria: Ctrl-C stops both", flush=True)
-    line = Progress(api)
+    line = Progress(api, data_dir, draw=progress)
     try:
         while not stop.is_set():
             for child in children:
                 if not child.alive():
                     return _failed(child, stop)
-            if progress:
-                line.poll()
+            line.poll()
             stop.wait(0.5)
     finally:
         line.close()

@@ -21,6 +21,7 @@ if str(ROOT.parent) not in sys.path:  # `streamlit run` puts only dashboard/ on 
 
 from dashboard import components, state  # noqa: E402
 from dashboard.client import ApiError  # noqa: E402
+from dashboard.markdown import code  # noqa: E402
 
 PAGES = (("views/live.py", "Live", ":material/monitoring:", "live"),
          ("views/policy.py", "Policy", ":material/tune:", "policy"),
@@ -47,7 +48,7 @@ def run_picker() -> None:
     st.selectbox("Run", list(by_id), key="run_id", format_func=lambda i: _label(by_id[i]),
                  placeholder="no runs yet", help="Live and past runs, newest first.")
     active = health.get("active_run")
-    st.caption(f"Active run: `{active}`" if active else "No run is training now.")
+    st.caption(f"Active run: {code(active)}" if active else "No run is training now.")
 
 
 def sign_in_box() -> None:
@@ -80,7 +81,7 @@ def sidebar() -> ApiError | None:
     with st.sidebar:
         # Not editable from a browser: a session that could point this server elsewhere could
         # send the API token there, or make it fetch any address (ASTERIA_URL sets it).
-        st.caption(f"Control plane: `{state.url()}`")
+        st.caption(f"Control plane: {code(state.url())}")
         sign_in_box()
         st.toggle("Live updates", value=True, key="live")
         st.number_input("Refresh every (s)", min_value=1, max_value=60, value=2, step=1,

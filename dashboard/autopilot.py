@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard import components, state
 from dashboard.client import ACTIVE, ApiError, Invalid
+from dashboard.markdown import code, text
 
 MODES = ("off", "propose", "apply")
 MODE_HELP = ("off: decides nothing (the kill switch, at once); propose: each decision waits "
@@ -27,13 +28,14 @@ def panel(run: dict[str, Any]) -> None:
     try:
         pilot = state.autopilot(base, run_id)
     except ApiError as err:  # 409: no autopilot (a first-order optimizer)
-        st.caption(f"No autopilot: {err}")
+        st.caption(f"No autopilot: {text(err)}")
         return
     config = pilot["config"]
-    bounds = ", ".join(f"{k} {v}" for k, v in config["bounds"].items()) or "none"
-    st.caption(f"Objective: {config['objective']} · bounds: {bounds} · at least "
+    bounds = text(", ".join(f"{k} {v}" for k, v in config["bounds"].items()) or "none")
+    st.caption(f"Objective: {text(config['objective'])} · bounds: {bounds} · at least "
                f"{config['spacing']} steps between changes; your own change holds its field "
                f"for {config['hold']} steps.")
+    reading_view(pilot.get("reading"), run_id)
     left, right = st.columns([3, 1])
     mode = left.radio("Autopilot mode", MODES, index=MODES.index(config["mode"]),
                       horizontal=True, key=f"ap_mode_{run_id}", help=MODE_HELP)
@@ -42,9 +44,9 @@ def panel(run: dict[str, Any]) -> None:
     proposals = pilot["proposals"]
     for p in [p for p in proposals if p["status"] == "proposed"]:
         with st.container(border=True):
-            changes = ", ".join(f"`{k}` -> `{v}`" for k, v in p["changes"].items())
-            st.markdown(f"**Proposal {p['id']}** (step {p['step']}): {changes}  \n"
-                        f"{p['reason']}")
+            changes = ", ".join(f"{code(k)} -> {code(v)}" for k, v in p["changes"].items())
+            st.markdown(f"**Proposal {text(p['id'])}** (step {p['step']}): {changes}  \n"
+                        f"{text(p['reason'])}")
             a, d, _ = st.columns([1, 1, 4])
             if a.button("Accept", key=f"ap_accept_{p['id']}", type="primary"):
                 _write(lambda c, i=p["id"]: c.answer_proposal(run_id, i, "accept"),
@@ -64,16 +66,35 @@ def panel(run: dict[str, Any]) -> None:
         st.caption("No decision yet.")
 
 
+def reading_view(reading: dict[str, Any] | None, run_id: str) -> None:
+    """What the autopilot read at its latest decision, against the thresholds its rules act
+    on: why it decided nothing, or what it decided from."""
+    if reading is None:
+        st.caption("No reading yet: the autopilot reads the step records at each boundary "
+                   "while it is on.")
+        return
+    read, needed = reading["records_read"], reading["records_needed"]
+    st.caption(f"Latest reading at step {reading['step']}: {read} of the {needed} records its "
+               "window needs" + ("; no decision before the window is full." if read < needed
+                                 else "; a rule acts only where a figure crosses its threshold."))
+    if reading["figures"]:
+        st.dataframe(pd.DataFrame([{"figure": f["name"], "read": f["value"], "low": f["low"],
+                                    "target": f["target"], "high": f["high"],
+                                    "what crossing does": f["acts"]}
+                                   for f in reading["figures"]]),
+                     hide_index=True, key=f"ap_reading_{run_id}")
+
+
 def _write(call, done: str) -> None:
     """One change through the signed-in client; the answer, or why not, stays on the page."""
     try:
         call(state.client())
     except Invalid as err:
-        st.error("Refused: " + "; ".join(f"{f}: {m}" for f, m in err.errors),
+        st.error("Refused: " + text("; ".join(f"{f}: {m}" for f, m in err.errors)),
                  icon=":material/block:")
         return
     except ApiError as err:
-        st.error(str(err), icon=":material/error:")
+        st.error(text(err), icon=":material/error:")
         return
     state.forget_reads()
     st.toast(done, icon=":material/check:")

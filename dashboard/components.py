@@ -23,6 +23,7 @@ from dashboard.client import (
     Unreachable,
     without_field,
 )
+from dashboard.markdown import code, text
 
 log = logging.getLogger(__name__)
 POLICY_SCHEMA = "PolicyUpdate"
@@ -99,13 +100,13 @@ def _form_field(name: str, prop: dict[str, Any]) -> FormField:
 
 def banner(err: ApiError) -> None:
     if isinstance(err, Unreachable):
-        st.error(f"**Control plane unreachable.** {err}", icon=":material/cloud_off:")
+        st.error(f"**Control plane unreachable.** {text(err)}", icon=":material/cloud_off:")
     elif isinstance(err, Unauthorized):
-        st.error(f"**Token refused.** {err}", icon=":material/key_off:")
+        st.error(f"**Token refused.** {text(err)}", icon=":material/key_off:")
     elif isinstance(err, NotSignedIn):
-        st.warning(f"**Not signed in.** {err}", icon=":material/lock:")
+        st.warning(f"**Not signed in.** {text(err)}", icon=":material/lock:")
     else:
-        st.error(str(err), icon=":material/error:")
+        st.error(text(err), icon=":material/error:")
 
 
 @contextmanager
@@ -117,7 +118,7 @@ def guard() -> Iterator[None]:
         banner(err)
     except Exception as err:  # the operator gets a sentence; the log keeps the traceback
         log.exception("dashboard error")
-        st.error(f"Unexpected error: {type(err).__name__}: {err}", icon=":material/error:")
+        st.error(f"Unexpected error: {type(err).__name__}: {text(err)}", icon=":material/error:")
 
 
 def selected_run() -> tuple[str, dict[str, Any]] | None:
@@ -134,7 +135,7 @@ def selected_run() -> tuple[str, dict[str, Any]] | None:
 
 
 def run_banner(run: dict[str, Any]) -> None:
-    rid, status, step = run["id"], run["status"], run["step"]
+    rid, status, step = text(run["id"]), text(run["status"]), run["step"]
     where = f"at step {step} of {run['total_steps']}"
     match status:
         case RunStatus.RUNNING:
@@ -143,14 +144,18 @@ def run_banner(run: dict[str, Any]) -> None:
             st.warning(f"Run {rid} is **paused** {where}. Resume it on the Runs page.",
                        icon=":material/pause_circle:")
         case RunStatus.FINISHED:
-            st.info(f"Run {rid} is **finished** ({where}). Showing its recorded history; its "
-                    "policy can no longer be changed.", icon=":material/flag:")
+            kept = run.get("checkpoint_step")
+            st.success(f"**Run {rid} has finished**: all {run['total_steps']} steps done. "
+                       + (f"Its checkpoint is at step {kept}. " if kept is not None else "")
+                       + "Its records stay here to view (the final loss is the headline's "
+                       "Train loss); its policy can no longer be changed.",
+                       icon=":material/flag:")
         case RunStatus.STOPPED | RunStatus.INTERRUPTED:
             st.warning(f"Run {rid} is **{status}** {where}. Showing its recorded history; "
                        "resume it from its last checkpoint on the Runs page.",
                        icon=":material/stop_circle:")
         case _:
-            st.error(f"Run {rid} **{status}** {where}: {run.get('error') or 'no detail'}",
+            st.error(f"Run {rid} **{status}** {where}: {text(run.get('error') or 'no detail')}",
                      icon=":material/error:")
 
 
@@ -159,7 +164,8 @@ def markers_note(marks: pd.DataFrame) -> None:
         st.caption("Policy changes: none yet (a change is marked on every chart by a dashed "
                    "red line at the step it took effect).")
         return
-    items = [f"**{r.label}** from step {r.step}: {r.text}" for r in marks.tail(6).itertuples()]
+    items = [f"**{text(r.label)}** from step {r.step}: {text(r.text)}"
+             for r in marks.tail(6).itertuples()]
     st.caption("Policy changes (dashed red lines): " + " · ".join(items))
 
 
@@ -177,11 +183,14 @@ def _answer(run_id: str) -> None:
     if run != run_id:
         return
     if kind == "ok":
-        diff = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in payload["diff"].items())
+        diff = text(", ".join(f"{k} {a} -> {b}" for k, (a, b) in payload["diff"].items()))
         st.success(f"Accepted: policy **version {payload['version']}**, takes effect at "
                    f"**step {payload['effective_step']}** ({diff}).", icon=":material/check:")
+    elif kind == "unchanged":
+        st.info("Every field equals the current policy: nothing was sent.")
     elif kind == "invalid":
-        lines = "\n".join(f"- `{field}`: {without_field(field, msg)}" for field, msg in payload)
+        lines = "\n".join(f"- {code(field)}: {text(without_field(field, msg))}"
+                          for field, msg in payload)
         st.error(f"The control plane rejected the change (422), the policy is unchanged:\n"
                  f"{lines}", icon=":material/block:")
 
@@ -206,7 +215,8 @@ def policy_form(run: dict[str, Any]) -> None:
     st.caption(f"Policy version {pol['version']} in force" + (f"; queued: {pending}" if pending
                                                                else "") + ".")
     values: dict[str, Any] = {}
-    with st.form(key=f"policy_form_{run_id}_{version}"):
+    # Enter in a field does not send: a change goes out only with the Apply button.
+    with st.form(key=f"policy_form_{run_id}_{version}", enter_to_submit=False):
         _field_grid(front, newest, values, f"{run_id}_{version}", active)
         if advanced:
             with st.expander(f"Advanced ({len(advanced)} more fields)"):
@@ -230,8 +240,7 @@ def _field_grid(fields: list[FormField], newest: dict[str, Any], values: dict[st
             values[field.name] = _widget(field, now, f"pf_{field.name}_{suffix}", not active)
             # the help sits by the current value, not the input: a widget's help button would
             # share the input's accessible name ("Help for <label>")
-            shown = f"`{now}`" if now != "" else "empty"
-            st.caption(f"current: {shown}", help=field.help or None)
+            st.caption(f"current: {code(now)}", help=field.help or None)
 
 
 def _widget(field: FormField, now: Any, key: str, disabled: bool) -> Any:
@@ -268,8 +277,8 @@ def _word_or_int(text: str, words: tuple[str, ...]) -> int | str:
 
 
 def _send(run_id: str, changes: dict[str, Any]) -> None:
-    if not changes:
-        st.info("Every field equals the current policy: nothing was sent.")
+    if not changes:  # the one outcome shown: it replaces an earlier answer
+        st.session_state["policy_answer"] = ("unchanged", run_id, None)
         return
     try:
         answer = state.client().set_policy(run_id, changes)

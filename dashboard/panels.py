@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, series
+from dashboard.markdown import text
 
 WIDE = "stretch"
 
@@ -95,7 +96,8 @@ def energy(b: pd.DataFrame, marks: pd.DataFrame) -> None:
                           "set telemetry.model_cpu_watts for an estimate.")
         return
     sources = sorted(e["source"].unique())
-    st.caption(series.source_note(sources) + ". An estimate is CPU seconds x configured watts.")
+    st.caption(text(series.source_note(sources))
+               + ". An estimate is CPU seconds x configured watts.")
     e = e.assign(series=e["source"] + " (" + e["kind"] + ")")
     cols = st.columns(3)
     for col, (field, title, unit) in zip(cols, (("watts", "power", "W"),
@@ -185,7 +187,7 @@ def ranks(view: dict[str, Any]) -> None:
                   else ""))
     for e in entries:
         if not e["reachable"]:
-            st.warning(f"**Rank {e['rank']}** has no figures: {e['error'] or 'no answer'}. "
+            st.warning(f"**Rank {e['rank']}** has no figures: {text(e['error'] or 'no answer')}. "
                        "Its row is blank and its place on the charts empty.",
                        icon=":material/link_off:")
     st.dataframe(series.ranks_table(view), hide_index=True, width=WIDE)

@@ -25,7 +25,8 @@ from asteria_core.train.model import GPT, ModelConfig
 def main(argv: list[str] | None = None) -> list[float]:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--steps", type=int, default=300)
-    cli.add_argument("--port", type=int, default=8000, help="rank 0's control plane; -1: none")
+    cli.add_argument("--port", type=int, default=int(os.environ.get("ASTERIA_PORT", "8000")),
+                     help="rank 0's control plane (default ASTERIA_PORT or 8000); -1: none")
     cli.add_argument("--metrics-port", type=int, default=9400,
                      help="rank r > 0 serves /metrics on PORT + r; 0: any free port; -1: none")
     cli.add_argument("--data-dir", default="asteria-data")
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     plane = None
     if rank == 0 and args.port >= 0:  # its PATCHes reach every rank at one step
         plane = backend.serve(opt.runtime, port=args.port, data_dir=args.data_dir)
+        print(f"asteria: control plane on {plane.url} (token in {args.data_dir}/token)",
+              flush=True)
     elif rank > 0 and args.metrics_port >= 0:
         serve_rank_metrics(opt.runtime.telemetry, rank, base_port=args.metrics_port,
                            targets_dir=f"{args.data_dir}/targets")

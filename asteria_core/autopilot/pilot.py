@@ -23,6 +23,7 @@ from typing import Any
 
 from asteria_core.autopilot.config import AutopilotConfig, AutopilotError, Mode
 from asteria_core.autopilot.decide import AUTOPILOT, Decision, decide, direction, window_size
+from asteria_core.autopilot.reading import reading
 from asteria_core.policy import LivePolicy, PolicyBusy, PolicyChange, PolicyError, PolicyMoved
 from asteria_core.telemetry.records import AutopilotFigures, StepRecord
 
@@ -98,6 +99,8 @@ class Autopilot:
         self._holds: dict[str, int] = {}
         self._proposals: deque[Proposal] = deque(maxlen=MAX_KEPT)
         self._next_id = 1
+        self._reading: dict[str, Any] | None = None
+        """What the latest decision read, against its thresholds (None before the first)."""
         self.counts: Counter[tuple[str, str]] = Counter()
         """Decisions by (field, outcome), since the start."""
 
@@ -148,8 +151,9 @@ class Autopilot:
             if item[1] is None:
                 item[1] = item[0].to_dict()
             records.append(item[1])
-        decision = decide(records, policy, [_change_dict(c) for c in self.live.history()],
-                          config, self._holds, self.cores)
+        history = [_change_dict(c) for c in self.live.history()]
+        self._reading = reading(records, policy, history, config)
+        decision = decide(records, policy, history, config, self._holds, self.cores)
         if decision is None:
             return
         if self._config.mode == Mode.APPLY:
@@ -285,5 +289,6 @@ class Autopilot:
             return {"config": self._config.to_dict(), "decides": self.decides,
                     "cores": self.cores,
                     "proposals": [dataclasses.asdict(p) for p in self._proposals],
+                    "reading": self._reading,
                     "counts": [{"field": f, "outcome": o, "count": n}
                                for (f, o), n in sorted(self.counts.items())]}

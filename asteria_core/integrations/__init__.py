@@ -31,13 +31,16 @@ def find_runtime(optimizer: Any) -> Runtime:
 
 class StepFigures:
     """The runtime's figures of the steps since a framework last logged, flat for its loggers:
-    idle seconds per cause (summed over the steps), the latest staleness and policy version,
-    energy so far per source (joules)."""
+    idle seconds per cause (summed over the steps), the largest staleness over the steps (the
+    value at the logging step alone would be a refresh step's 0 whenever the logging interval
+    is a multiple of the refresh interval), the latest policy version, energy so far per source
+    (joules)."""
 
     def __init__(self, runtime: Runtime, prefix: str = "asteria/") -> None:
         self.prefix = prefix
         self._idle: dict[str, float] = {}
         self._latest: dict[str, float] = {}
+        self._staleness: int | None = None
         self._energy: dict[str, float] = {}
         # energy is added when a record completes (at the next step's start), so it comes from
         # the newest completed record, one step behind the rest
@@ -54,12 +57,14 @@ class StepFigures:
                 self._idle[cause] = self._idle.get(cause, 0.0) + seconds
         self._latest["policy_version"] = record.policy_version
         if record.refresh is not None:
-            self._latest["staleness_max"] = record.refresh.staleness_max
+            self._staleness = max(self._staleness or 0, record.refresh.staleness_max)
 
     def flush(self) -> dict[str, float]:
         """The figures for one log entry; the idle sums start again."""
         figures = {f"idle_seconds/{cause}": s for cause, s in self._idle.items()}
         figures.update(self._latest)
+        if self._staleness is not None:
+            figures["staleness_max"] = self._staleness
         figures.update({f"energy_joules/{source}": j for source, j in self._energy.items()})
-        self._idle = {}
+        self._idle, self._staleness = {}, None
         return {self.prefix + name: float(value) for name, value in figures.items()}

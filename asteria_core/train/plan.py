@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from asteria_core.fields import AUTO
+from asteria_core.machine import MACHINE, Machine
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
 from asteria_core.policy import PLANNED_DUTY, Policy
@@ -287,6 +288,15 @@ class RunPlan:
     measured_now: list[int]
     calibration: str
     """Where the measurements are kept ("" when not kept)."""
+    machine: Machine = MACHINE
+    """The machine planned for: its cores bound the workers recommended."""
+
+    @property
+    def recommended(self) -> int | None:
+        """The workers to run: those needed, at most those this machine can use (None: no
+        count is enough)."""
+        needed = self.prediction.workers
+        return None if needed is None else min(needed, self.machine.max_workers)
 
     def counts(self) -> list[int]:
         """Worker counts worth a row: 1, 2, 4, ... up to the recommended one (and one more)."""
@@ -309,13 +319,17 @@ class RunPlan:
                 "calibration": {"file": self.calibration or None,
                                 "measured_now": self.measured_now},
                 "refresh": self.prediction.to_dict(self.counts()),
+                "machine": {"cores": self.machine.cores,
+                            "max_workers": self.machine.max_workers},
+                "recommended_workers": self.recommended,
                 "memory": self.memory.to_dict()}
 
 
 def plan_run(config: RunConfig, *, step_seconds: float, headroom: float = HEADROOM,
-             calibration=None, recalibrate: bool = False, cap: int = MEASURE_CAP) -> RunPlan:
-    """The plan of `config` at `step_seconds` a step, calibrating what the cache at
-    `calibration` (a Path, or None: no cache) lacks; sides over `cap` are extrapolated."""
+             calibration=None, recalibrate: bool = False, cap: int = MEASURE_CAP,
+             machine: Machine = MACHINE) -> RunPlan:
+    """The plan of `config` at `step_seconds` a step on `machine`, calibrating what the cache
+    at `calibration` (a Path, or None: no cache) lacks; sides over `cap` are extrapolated."""
     policy = config.policy
     check_inputs(step_seconds, policy.refresh_interval, policy.staleness_bound, headroom)
     int_in("measure_up_to", cap, 1, MAX_SIDE)
@@ -327,7 +341,7 @@ def plan_run(config: RunConfig, *, step_seconds: float, headroom: float = HEADRO
                          interval=policy.refresh_interval, bound=policy.staleness_bound,
                          delay=policy.delay, spread=policy.swap_window, headroom=headroom)
     return RunPlan(config, shape, prediction, mem, measured_now,
-                   str(calibration or ""))
+                   str(calibration or ""), machine)
 
 
 def shape_cost(shape: RunShape, threads: int, *, calibration=None, recalibrate: bool = False,
@@ -382,6 +396,8 @@ def render(run: RunPlan) -> str:
         "host" + (f" (kept in {run.calibration})" if run.calibration else "")
         + "; * = estimate (interpolated, or extrapolated as b^3 above the widest measured side: "
         "--measure-up-to measures wider ones)",
+        f"this machine: {run.machine.cores} core(s) this process may run on: at most "
+        f"{run.machine.max_workers} host workers",
         "",
         "blocks by size",
         f"  {'size':>6} {'blocks':>7} {'s per refresh':>14} {'worker-s per round':>19}",
@@ -402,6 +418,12 @@ def render(run: RunPlan) -> str:
         lines.append(f"  {n:>4} worker{'s' if n > 1 else ' '}  duty {duty:7.3f}  {note}")
     if p.workers is None:
         lines.append(f"no worker count is enough: {p.why_none}")
+    elif p.workers > (use := run.recommended or 1):
+        lines.append(f"recommended: {use} host worker(s) (--policy.workers {use}), the most "
+                     f"this machine's {run.machine.cores} core(s) can use; {p.workers} would "
+                     f"keep up, {use} give duty {p.duty(use):.2f}: the refreshes fall behind "
+                     "(staleness pinned at S, the step waits); raise policy.refresh_interval "
+                     "or lower optim.precond_block_size, or plan for a machine with more cores")
     else:
         lines.append(f"recommended: {p.workers} host worker(s) (--policy.workers {p.workers}): "
                      f"duty {p.duty(max(p.workers, 1)):.2f} <= {p.headroom:g} and a round "

@@ -39,7 +39,9 @@ class AutopilotUpdate(BaseModel):
     bounds: dict[Literal[ACTIONS], Bound] | None = Field(  # type: ignore[valid-type]
         None, description="Per policy field: [low, high] for a number, the allowed values for "
                           "a choice. A field not named is never moved. Replaces the bounds "
-                          "whole.")
+                          "whole, the defaults included: to add or change one field's bound, "
+                          "send every bound to keep (GET shows them); the answer holds the "
+                          "bounds now in force.")
     window: StrictInt | None = None
     settle: StrictInt | None = None
     spacing: StrictInt | None = None
@@ -73,6 +75,10 @@ class AutopilotPublic(BaseModel):
         "(a worker past cores - 1 adds no capacity of its own); null: not modelled."))
     proposals: list[ProposalPublic] = Field(description="Newest last; at most 200 kept.")
     counts: list[DecisionCount]
+    reading: dict[str, Any] | None = Field(None, description=(
+        "What the latest decision read: its step, the records read of those its window needs, "
+        "and each figure (value, null before a refresh) with the thresholds its rules compare "
+        "it with (low, target, high) and what they do; null before the first decision."))
 
 
 ProposalId = Annotated[int, PathParam(ge=1, le=2**53, description="The proposal's id.")]
@@ -90,6 +96,8 @@ def get_autopilot(run_id: RunIdPath, manager: Manager) -> AutopilotPublic:
 @router.patch("", responses={**ERRORS, 401: {"description": "missing or wrong token"}})
 def patch_autopilot(run_id: RunIdPath, body: AutopilotUpdate, manager: Manager,
                     _client: Client) -> AutopilotPublic:
+    """Change the fields sent; those not sent keep their values, but `bounds`, when sent,
+    replaces the bounds whole (the defaults included). Answers the autopilot as it now is."""
     changes = body.model_dump(exclude_unset=True)
     if not changes:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,

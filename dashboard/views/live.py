@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard import components, panels, series, state
 from dashboard.client import ACTIVE, ApiError
+from dashboard.markdown import code, text
 
 
 def ranks_view(base: str, run: dict[str, Any]) -> dict[str, Any] | None:
@@ -68,7 +69,7 @@ def main() -> None:
     live = run["status"] in ACTIVE and st.session_state.get("live", True)
     every = st.session_state.get("refresh_s", 2) if live else None
     optim = run["config"].get("optim", {}).get("name", "?")
-    st.caption(f"Run `{run_id}` · {optim} · " + (
+    st.caption(f"Run {code(run_id)} · {text(optim)} · " + (
         f"refreshing every {every} s" if every else
         "not refreshing (run not active or live updates off)"))
 

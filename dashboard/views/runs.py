@@ -10,14 +10,15 @@ import streamlit as st
 
 from dashboard import components, state
 from dashboard.client import ACTIVE, RESUMABLE, ApiError, RunCommand, RunStatus
+from dashboard.markdown import text
 
 MODELS = {"tiny (~30K params)": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
           "small (~0.2M)": {"n_layer": 1, "n_head": 4, "n_embd": 128, "block_size": 128},
           "default (~1M)": {}}
+# The default run's energy estimate (backend/commands.py SERVED_RUN; tests/dashboard/
+# test_defaults.py holds the two equal: the dashboard reaches the control plane over HTTP only).
+# A comment, not a string under the name: Streamlit's magic would show a bare string on the page.
 DEFAULT_WATTS = 15.0
-"""The default run's energy estimate (backend/commands.py SERVED_RUN;
-tests/dashboard/test_defaults.py holds the two equal: the dashboard reaches the control plane over
-HTTP only)."""
 
 
 def run_table(runs: list[dict[str, Any]]) -> None:
@@ -38,7 +39,7 @@ def _command(run_id: str, command: str) -> None:
     """Button callback: send one command, keep the answer for the banner below the buttons."""
     try:
         answer = state.client().command(run_id, command)
-        st.session_state["command_answer"] = ("ok", f"{command}: {answer['detail']}.")
+        st.session_state["command_answer"] = ("ok", text(f"{command}: {answer['detail']}."))
     except ApiError as err:
         st.session_state["command_answer"] = ("error", err)
     state.forget_reads()
@@ -46,7 +47,7 @@ def _command(run_id: str, command: str) -> None:
 
 def commands(run: dict[str, Any]) -> None:
     status = run["status"]
-    st.subheader(f"Run {run['id']}: {status} at step {run['step']}")
+    st.subheader(f"Run {text(run['id'])}: {text(status)} at step {run['step']}")
     enabled = {RunCommand.PAUSE: status == RunStatus.RUNNING,
                RunCommand.RESUME: status in RESUMABLE, RunCommand.CHECKPOINT: status in ACTIVE,
                RunCommand.STOP: status in ACTIVE}

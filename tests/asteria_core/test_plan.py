@@ -228,3 +228,22 @@ def test_the_command_refuses_bad_input_naming_the_field(tmp_path, capsys, args, 
     stderr = capsys.readouterr().err
     assert message in stderr, stderr
     assert not cal.exists()  # refused before anything was measured
+
+
+def test_the_plan_names_the_cores_and_never_recommends_more_workers_than_they_run():
+    from asteria_core.machine import Machine
+    from asteria_core.train.plan import RunPlan, render
+
+    config = resolve_config(None, SMALL)
+    shape = run_shape(config)
+    costly = {b: 0.05 for b in set(shape.sizes)}  # slow refreshes: many workers needed
+    prediction = predict(shape.sizes, costly, step_seconds=0.01, interval=10, bound=50)
+    assert prediction.workers > 2
+    two = Machine(cores=2, memory_bytes=8 << 30)
+    planned = RunPlan(config, shape, prediction, memory(shape, config.policy), [], "", two)
+    text = render(planned)
+    assert "this machine: 2 core(s)" in text
+    assert "recommended: 2 host worker(s) (--policy.workers 2)" in text
+    assert f"--policy.workers {prediction.workers}" not in text
+    assert planned.to_dict()["recommended_workers"] == 2
+    assert planned.to_dict()["machine"] == {"cores": 2, "max_workers": 2}

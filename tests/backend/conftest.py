@@ -11,6 +11,7 @@ import pytest
 import uvicorn
 
 from backend.app import create_app
+from backend.serving import uvicorn_config
 from backend.settings import Settings
 
 TOKEN = "test-token-123"
@@ -33,8 +34,7 @@ class LiveServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.url = f"http://127.0.0.1:{settings.port}"
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port,
-                                log_level="warning", workers=1)
+        config = uvicorn_config(create_app(settings), settings, log_level="warning", workers=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import runpy
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -121,3 +124,14 @@ def test_the_trainer_and_the_plain_loop_give_the_same_losses_bit_for_bit(tmp_pat
     finally:
         trainer.close()
     assert result.train_losses == losses
+
+
+def test_the_plain_loop_serves_on_asteria_port_and_prints_its_url(tmp_path):
+    port = free_port()
+    env = dict(os.environ, ASTERIA_PORT=str(port))
+    done = subprocess.run([sys.executable, str(EXAMPLE), "3"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"control plane on http://127.0.0.1:{port} (token in asteria-data/token)" in \
+        done.stdout
+    assert "API token (saved to asteria-data/token" in done.stdout  # the token line beside it

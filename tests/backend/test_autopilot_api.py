@@ -125,3 +125,13 @@ def test_propose_accept_audit_metrics_and_the_kill_switch(tmp_path):
         assert not [p for p in http.get(url).json()["proposals"]
                     if p["status"] == "proposed"]
         assert 'asteria_autopilot_mode{mode="off"} 1.0' in http.get("/metrics").text
+
+        # bounds, when sent, replace the bounds whole: the answer shows the ones in force
+        narrowed = http.patch(url, json={"bounds": {"workers": [1, 1]}}, headers=auth)
+        assert narrowed.status_code == 200, narrowed.text
+        assert narrowed.json()["config"]["bounds"] == {"workers": [1, 1]}
+        schema = http.get("/openapi.json").json()
+        said = schema["components"]["schemas"]["AutopilotUpdate"]["properties"]["bounds"]
+        assert "the defaults included" in said["description"]
+        assert "replaces the bounds whole" in \
+            schema["paths"]["/runs/{run_id}/autopilot"]["patch"]["description"]

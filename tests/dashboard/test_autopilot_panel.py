@@ -5,6 +5,8 @@ and the control plane applies it as the autopilot's change; off is one click awa
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import streamlit as st
@@ -57,6 +59,15 @@ def test_a_proposal_is_shown_with_its_reason_and_accepted(monkeypatch, tmp_path)
         shown = texts(at.markdown)
         assert f"**Proposal {proposal['id']}**" in shown and proposal["reason"] in shown
         assert at.radio(key=f"ap_mode_{run_id}").value == "propose"
+        # what it read, against the thresholds its rules act on
+        reading = httpx.get(f"{plane.url}/runs/{run_id}/autopilot").json()["reading"]
+        assert reading["step"] >= 1 and reading["records_read"] <= reading["records_needed"]
+        duty = reading["figures"][0]
+        assert duty["name"] == "refresh duty" and duty["high"] == 1.05 and duty["target"] == 0.8
+        [table] = [d.value for d in at.dataframe if "figure" in d.value.columns]
+        assert list(table["figure"]) == [f["name"] for f in reading["figures"]]
+        shown = texts(at.caption) + texts(at.markdown)
+        assert re.search(r"Latest reading at step \d+: \d+ of the \d+ records", shown), shown
 
         at.button(key=f"ap_accept_{proposal['id']}").click().run()
         assert not at.exception, at.exception

@@ -48,13 +48,13 @@ def children(pid: int) -> dict[str, int]:
 class Launcher(Start):
     """`python -m asteria start` (what `asteria start` runs), own ports and data folder."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
         self.api, self.ui = free_port(), free_port()
         self.data = tmp_path / "data"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTERIA_")}
         env.update(ASTERIA_PORT=str(self.api), ASTERIA_DASHBOARD_PORT=str(self.ui),
                    ASTERIA_DATA_DIR=str(self.data))
-        super().__init__(env, *TINY)
+        super().__init__(env, *TINY, *extra)
 
 
 @pytest.fixture
@@ -95,6 +95,32 @@ def test_start_serves_both_shows_the_run_training_and_a_signal_stops_both(launch
     assert not answers(f"{api}/healthz") and not answers(f"{ui}/_stcore/health")
     # the run stopped at a step boundary and kept its checkpoint
     assert (launcher.data / "runs" / run_id / "checkpoint.pt").is_file()
+
+
+@pytest.mark.parametrize("bar", [True, False], ids=["progress", "no-progress"])
+def test_a_finished_run_is_announced_and_ctrl_c_then_exits(tmp_path, bar):
+    launcher = Launcher(tmp_path, "--train.steps", "30", "--train.checkpoint_interval", "10",
+                        *([] if bar else ["--no-progress"]))
+    try:
+        launcher.ready()
+        wait_until(lambda: "Ctrl-C exits" in launcher.output, 240, 0.2, "the end announced")
+        run_id = httpx.get(f"http://127.0.0.1:{launcher.api}/runs").json()[0]["id"]
+        folder = launcher.data / "runs" / run_id
+        out = launcher.output
+        assert re.search(rf"run {run_id} finished at step 30 of 30, final loss \d+\.\d{{4}}",
+                         out), out
+        assert f"files in {folder}" in out
+        assert f"its checkpoint (step 30) is {folder / 'checkpoint.pt'}" in out
+        assert (folder / "checkpoint.pt").is_file()
+        assert "stay up to view it; Ctrl-C exits" in out
+        assert ("30/30" in out) is bar  # the bar, only where asked for
+        assert launcher.interrupt() == 0, launcher.output
+        assert "no run is training" in launcher.output
+        assert "next step boundary" not in launcher.output
+    finally:
+        if launcher.proc.poll() is None:
+            launcher.proc.send_signal(signal.SIGTERM)
+            launcher.finish()
 
 
 def test_a_dying_child_stops_the_other(launcher):

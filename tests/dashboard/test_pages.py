@@ -6,6 +6,8 @@ browser (test_browser.py).
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pandas as pd
 import pyarrow as pa
@@ -32,7 +34,9 @@ def app(run_id: str | None = None, page: str | None = None) -> AppTest:
 
 
 def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
+    """The elements' Markdown, with the escapes that keep values literal taken out (what a
+    reader sees, markup aside)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", "\n".join(str(e.value) for e in elements))
 
 
 def charts(at: AppTest) -> list:
@@ -65,7 +69,10 @@ def test_live_page_of_a_finished_run(dashboard_env, http, finished_run):
     at = app(finished_run)
     assert not at.exception, at.exception
     notes = texts(at.info)
-    assert f"Run {finished_run} is **finished**" in notes
+    done = texts(at.success)
+    assert f"**Run {finished_run} has finished**: all 120 steps done." in done
+    kept = http.get(f"/runs/{finished_run}").json()["checkpoint_step"]
+    assert (f"Its checkpoint is at step {kept}." in done) is (kept is not None)
     assert "**Staleness**: not reported by this run" in notes  # AdamW has no refresh engine
     assert "**v2** from step" in texts(at.caption)  # the marker of the audited change
     step = http.get(f"/runs/{finished_run}/policy/history").json()[0]["effective_step"]
@@ -84,6 +91,22 @@ def test_policy_form_sends_a_patch_and_shows_the_answer(dashboard_env, http, liv
     policy = wait_until(lambda: (p := http.get(f"/runs/{live_run}/policy").json())["version"]
                         == version + 1 and p, what="policy applied")
     assert policy["policy"]["staleness_bound"] == 7
+    # Apply again with nothing changed: that outcome alone, not beside the earlier "Accepted".
+    at.button(key=f"pf_submit_{live_run}").click().run()
+    assert not at.exception, at.exception
+    assert "nothing was sent" in texts(at.info) and len(at.success) == 0
+    [form] = [f for f in forms(at._tree) if f.form_id.startswith("policy_form_")]
+    assert not form.enter_to_submit  # Enter in a field sends nothing; Apply does
+
+
+def forms(node) -> list:
+    """The form blocks (their protos) under an AppTest node."""
+    proto = getattr(node, "proto", None)
+    found = [proto.form] if getattr(node, "type", None) == "form" and proto is not None \
+        else []
+    for child in getattr(node, "children", {}).values():
+        found += forms(child)
+    return found
 
 
 def test_policy_form_shows_the_validation_error_verbatim(dashboard_env, http, live_run):

@@ -76,6 +76,21 @@ def test_trainer_reports_one_record_per_step_with_refresh_and_idle_figures(tmp_p
     assert opt.runtime is None  # closed at the end of training: workers joined
 
 
+def test_logged_staleness_is_the_largest_since_the_previous_log(tmp_path):
+    """HF logs every 4 steps while the bases refresh every 3: the value at a logging step alone
+    is often low (a fresh basis) while the steps between reached the bound; the log carries the
+    largest staleness of its 4 steps, what the records show."""
+    trainer, records = build(tmp_path, "--logging-steps", "4", "--eval-steps", "0",
+                             "--refresh-interval", "3", "--staleness-bound", "5")
+    trainer.train()
+    logs = step_logs(trainer)
+    assert sorted(logs) == [4, 8, 12]
+    by_step = {r.step: r.refresh.staleness_max for r in records}
+    for step, log in logs.items():
+        assert log["asteria/staleness_max"] == max(by_step[s] for s in range(step - 3, step + 1))
+    assert any(log["asteria/staleness_max"] > by_step[step] for step, log in logs.items())
+
+
 def test_stop_request_stops_the_trainer_after_the_step(tmp_path):
     trainer, records = build(tmp_path, "--eval-steps", "0")
     runtime = trainer.optimizer.runtime
