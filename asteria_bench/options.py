@@ -10,7 +10,7 @@ from typing import Any
 @dataclass(frozen=True)
 class BenchOptions:
     quick: bool
-    out_dir: Path          # the suite's JSON and plots go here (default docs/benchmarks)
+    out_dir: Path          # the suite's JSON and plots go here (default ./asteria-bench-results)
     corpus: str | None     # a corpus the user names, beside the default one (optimizers)
     device: str            # "cpu" or "cuda"
     peers: bool            # run the peers' optimizers (the `peers` extra) where a suite has them

@@ -169,7 +169,7 @@ def current_section(readme: str) -> str | None:
     return readme[start:end + len(END)]
 
 
-def write(out_dir: Path, report_path: Path, readme_path: Path) -> list[Path]:
+def write(out_dir: Path, report_path: Path, readme_path: Path | None) -> list[Path]:
     """Render both from `out_dir`'s JSON; returns the files written."""
     found = results.load(out_dir)
     written = []
@@ -177,7 +177,7 @@ def write(out_dir: Path, report_path: Path, readme_path: Path) -> list[Path]:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(render_report(found, out_dir, report_path))
         written.append(report_path)
-    if readme_path.is_file():
+    if readme_path is not None and readme_path.is_file():
         text = render_readme(readme_path.read_text(), found, out_dir, report_path)
         if text is not None:
             readme_path.write_text(text)

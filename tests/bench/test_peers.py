@@ -25,7 +25,7 @@ def require(name: str) -> None:
     spec = peers.PEERS[name]
     if name in peers.available_peers(spec.kind):
         return
-    message = (f"{spec.package} is not installed; install it: pip install -e \".[peers]\"")
+    message = (f"{spec.package} is not installed; install it: pip install -e \".[bench]\"")
     missing(message)
 
 
