@@ -125,7 +125,7 @@ def report(result: SuiteResult, runs: list[dict[str, Any]]) -> None:
 
 
 def compare(result: SuiteResult, by_label: dict[str, dict[str, Any]]) -> None:
-    """The issue's targets, as measured: native SOAP against the fastest peer SOAP, and
+    """The targets, as measured: native SOAP against the fastest peer SOAP, and
     Asteria-SOAP against every peer."""
     native, ours, kl_native, kl_ours = (by_label.get(k) for k in (
         "native SOAP", "Asteria-SOAP", "native KL-Shampoo", "Asteria-KL-Shampoo"))
