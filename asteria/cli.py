@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from pathlib import Path
 
 from asteria_core import cli as core
 from asteria_core import extras
@@ -41,7 +42,16 @@ BENCH_FROM_CHECKOUT = ("asteria bench runs from Asteria's source checkout (the b
 
 
 def _bench_available() -> bool:
-    return importlib.util.find_spec("asteria_bench") is not None
+    """Whether the benchmarks can load: importable already, or beside this package in a source
+    checkout (an editable install maps only the product packages), whose root then joins the
+    path."""
+    if importlib.util.find_spec("asteria_bench") is not None:
+        return True
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "asteria_bench" / "__init__.py").is_file():
+        sys.path.append(str(checkout))
+        return True
+    return False
 
 
 def needs(extra: str, handler: core.Command, when=lambda args: True) -> core.Command:
