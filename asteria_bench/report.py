@@ -96,8 +96,9 @@ def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: 
              "Every figure Asteria publishes, as `asteria bench` measured it. This file and the "
              "README's performance section are rendered from the JSON files beside the plots "
              f"(`{rel.as_posix()}/<suite>.json`: machine, versions, threads, commit and every "
-             "raw step time); `asteria bench --report-only` renders them again, and a test "
-             "fails when they disagree with the JSON.", ""]
+             "raw step time); `asteria bench --report-only` renders them again (with "
+             "`--publish`, the project's published pages, which a test holds to their JSON).",
+             ""]
     suites = _ordered(found)
     state = {d["suite"]: freshness(d) for d in suites}
     lines += ["A suite is fresh when it ran on a clean tree (`git.dirty` false) and the code it "
