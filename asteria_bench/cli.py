@@ -1,9 +1,14 @@
 """`asteria bench SUITE... [--quick]`: run suites, then render the report from their JSON.
 
-    asteria bench all --quick              # every suite, small sizes (within 10 minutes here)
+    asteria bench all --quick              # every suite, small sizes, into ./asteria-bench-results
     asteria bench optimizers --corpus my.txt
     asteria bench critical-path staleness --out /tmp/bench
-    asteria bench --report-only            # re-render docs/benchmarks.md and the README section
+    asteria bench all --publish            # into the checkout's docs/benchmarks, docs/benchmarks.md
+                                           # and the README's performance section
+    asteria bench --publish --report-only  # render the published pages again from their JSON
+
+By default the results (each suite's JSON, its plots and report.md) go to a folder of the
+user's; only --publish writes the project's published pages.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from asteria_bench import report
 from asteria_bench.options import BenchOptions
 from asteria_bench.suites import SUITES, load
 
-DEFAULT_OUT = Path("docs/benchmarks")
+DEFAULT_OUT = Path("asteria-bench-results")
+CHECKOUT = Path(__file__).resolve().parents[1]
+PUBLISHED = {"out": CHECKOUT / "docs" / "benchmarks", "report": CHECKOUT / "docs" / "benchmarks.md",
+             "readme": CHECKOUT / "README.md"}
 MIN_SEEDS, MAX_SEEDS = 1, 20
 
 
@@ -29,19 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="small sizes: every suite within 10 minutes on 2 CPU cores")
     parser.add_argument("--corpus", metavar="PATH",
                         help="a text file to train on beside the default corpus (optimizers)")
-    parser.add_argument("--out", metavar="DIR", default=str(DEFAULT_OUT),
-                        help=f"where each suite's JSON and plots go (default {DEFAULT_OUT})")
+    parser.add_argument("--out", metavar="DIR",
+                        help=f"where each suite's JSON and plots go (default ./{DEFAULT_OUT}; "
+                             "docs/benchmarks of the checkout with --publish)")
+    parser.add_argument("--publish", action="store_true",
+                        help="write the project's published results: the checkout's "
+                             "docs/benchmarks, docs/benchmarks.md and README.md")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the ~100M-parameter model on one CUDA device")
     parser.add_argument("--no-peers", action="store_true",
                         help="leave out the peers' optimizers even where they are installed")
-    parser.add_argument("--report", metavar="FILE", default="docs/benchmarks.md",
-                        help="the Markdown report rendered from --out's JSON")
-    parser.add_argument("--readme", metavar="FILE", default="README.md",
-                        help="the README whose performance section is rendered (kept as is "
-                             "where the file has no section markers)")
+    parser.add_argument("--report", metavar="FILE",
+                        help="the Markdown report rendered from --out's JSON (default "
+                             "OUT/report.md; docs/benchmarks.md with --publish)")
+    parser.add_argument("--readme", metavar="FILE",
+                        help="a README whose performance section is rendered (none by default; "
+                             "the checkout's README.md with --publish)")
     parser.add_argument("--report-only", action="store_true",
-                        help="run nothing; render the report and README from --out's JSON")
+                        help="run nothing; render the report (and README) from --out's JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--seeds", type=int, metavar="N",
                         help=f"seeds per configuration in the suites that run seeds "
@@ -69,6 +82,16 @@ def chosen_suites(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def destinations(args: argparse.Namespace) -> tuple[Path, Path, Path | None]:
+    """Where the JSON, the report and the README go: the user's folder, or with --publish the
+    checkout's published pages (an explicit --out, --report or --readme wins either way)."""
+    base = PUBLISHED if args.publish else {"out": DEFAULT_OUT, "report": None, "readme": None}
+    out_dir = Path(args.out) if args.out else base["out"]
+    report_path = Path(args.report) if args.report else base["report"] or out_dir / "report.md"
+    readme = args.readme or base["readme"]
+    return out_dir, report_path, Path(readme) if readme else None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         names = chosen_suites(args.suites)
@@ -91,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print("asteria bench: --device cuda: no CUDA device is available", file=sys.stderr)
             return 2
-    out_dir = Path(args.out)
+    out_dir, report_path, readme_path = destinations(args)
     peers = not args.no_peers and _peers_installed()
     if not args.no_peers and not peers and not args.report_only:
-        print("asteria bench: the peers are not installed (pip install -e \".[peers]\"); "
+        print("asteria bench: the peers are not installed (pip install -e \".[bench]\"); "
               "running without them", file=sys.stderr)
     command = "asteria bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
                                             else args.suites)
@@ -115,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if names and not args.report_only:
         print(f"asteria bench: {len(names)} suite(s) in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr)
-    written = report.write(out_dir, Path(args.report), Path(args.readme))
+    written = report.write(out_dir, report_path, readme_path)
     for path in written:
         print(f"asteria bench: wrote {path}", file=sys.stderr)
     return 0

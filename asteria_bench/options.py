@@ -10,10 +10,10 @@ from typing import Any
 @dataclass(frozen=True)
 class BenchOptions:
     quick: bool
-    out_dir: Path          # the suite's JSON and plots go here (default docs/benchmarks)
+    out_dir: Path          # the suite's JSON and plots go here (default ./asteria-bench-results)
     corpus: str | None     # a corpus the user names, beside the default one (optimizers)
     device: str            # "cpu" or "cuda"
-    peers: bool            # run the peers' optimizers (the `peers` extra) where a suite has them
+    peers: bool            # run the peers' optimizers (the `bench` extra) where a suite has them
     command: str           # the command line, as the report prints it
     progress: bool = True  # a bar per configuration
     seeds: int | None = None  # seeds per configuration where a suite runs seeds (None: its own)

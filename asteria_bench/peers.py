@@ -1,4 +1,4 @@
-"""The peers' optimizers (the `peers` extra), built with hyperparameters mapped from ours.
+"""The peers' optimizers (the `bench` extra), built with hyperparameters mapped from ours.
 
 `asteria bench` trains a peer on our model, data, schedule and clipping by handing
 `build_peer(...)` to `Trainer(config, optimizer_factory=...)`; the peer gets our param groups

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from asteria_bench import results
-from asteria_bench.suites import SUITES
+from asteria_bench.suites import SUITES, measured_paths
+
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 BEGIN = "<!-- asteria bench: begin (generated from docs/benchmarks/*.json; do not edit) -->"
 END = "<!-- asteria bench: end -->"
@@ -57,6 +60,35 @@ def _run_line(data: dict[str, Any]) -> str:
             f"Python {m['python']}; commit {commit}")
 
 
+def freshness(data: dict[str, Any], root: Path = CHECKOUT) -> str:
+    """Whether a suite's figures are today's: "fresh" (a clean tree, and no change since to the
+    code it measures), or "stale: ..." saying why; read from git at render time."""
+    git = data.get("git") or {}
+    commit = git.get("commit")
+    if not commit:
+        return "stale: the commit it ran at is unknown"
+    if git.get("dirty") is not False:
+        return "stale: measured on a tree with uncommitted changes"
+    try:
+        done = subprocess.run(["git", "log", "--format=%H", f"{commit}..HEAD", "--",
+                               *measured_paths(data["suite"])], cwd=root, capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "stale: no git history to compare with"
+    if done.returncode != 0:
+        return "stale: the commit it ran at is not in this history"
+    if done.stdout.strip():
+        return "stale: the code it measures changed since"
+    return "fresh"
+
+
+def _state_cells(data: dict[str, Any], fresh: str) -> str:
+    commit = (data["git"].get("commit") or "unknown")[:10]
+    clean = {False: "yes", True: "no"}.get(data["git"].get("dirty"), "unknown")
+    flag = fresh if fresh == "fresh" else f"**{fresh}**"
+    return f"`{commit}` | {clean} | {flag}"
+
+
 def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: Path) -> str:
     """The whole of docs/benchmarks.md."""
     rel = Path(os.path.relpath(out_dir, report_path.parent))
@@ -64,15 +96,23 @@ def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: 
              "Every figure Asteria publishes, as `asteria bench` measured it. This file and the "
              "README's performance section are rendered from the JSON files beside the plots "
              f"(`{rel.as_posix()}/<suite>.json`: machine, versions, threads, commit and every "
-             "raw step time); `asteria bench --report-only` renders them again, and a test "
-             "fails when they disagree with the JSON.", ""]
+             "raw step time); `asteria bench --report-only` renders them again (with "
+             "`--publish`, the project's published pages, which a test holds to their JSON).",
+             ""]
     suites = _ordered(found)
-    lines += ["| suite | what | run |", "|---|---|---|"]
+    state = {d["suite"]: freshness(d) for d in suites}
+    lines += ["A suite is fresh when it ran on a clean tree (`git.dirty` false) and the code it "
+              "measures has not changed since its commit; a stale suite's figures are flagged "
+              "until `asteria bench SUITE --publish` runs it again.", "",
+              "| suite | what | run | commit | clean tree | state |", "|---|---|---|---|---|---|"]
     lines += [f"| [{d['suite']}](#{_anchor(d['title'])}) | {_cell(d['title'])} | "
-              f"{'quick' if d['quick'] else 'full'}, {d['seconds']:.0f} s |" for d in suites]
+              f"{'quick' if d['quick'] else 'full'}, {d['seconds']:.0f} s | "
+              f"{_state_cells(d, state[d['suite']])} |" for d in suites]
     lines.append("")
     for d in suites:
-        lines += [f"## {d['title']}", "", f"Run: {_run_line(d)}. Raw data: "
+        flag = [] if state[d["suite"]] == "fresh" else [f"**{state[d['suite']].capitalize()}.**",
+                                                        ""]
+        lines += [f"## {d['title']}", "", *flag, f"Run: {_run_line(d)}. Raw data: "
                   f"[{d['suite']}.json]({(rel / (d['suite'] + '.json')).as_posix()}).", ""]
         if d.get("description"):
             lines += [_dedent(d["description"]), ""]
@@ -113,17 +153,19 @@ def render_readme_section(found: dict[str, dict[str, Any]], out_dir: Path,
                    for dev, cpu, cores, torch in sorted(machines))
     sizes = sorted({"quick" if d["quick"] else "full" for d in suites})
     lines += [f"Measured by `asteria bench` ({' and '.join(sizes)} sizes) on {on}. "
-              f"Tables, plots and method: [{report_path.as_posix()}]({report_path.as_posix()}); "
-              "rerun with `asteria bench all` (`--quick`: within 10 minutes here, 544 s on "
-              "2026-12-01; `pip install -e \".[peers]\"` adds the peers; "
-              "`bash benchmarks/gpu_check.sh` on a CUDA machine).", ""]
+              f"Tables, plots, method and each suite's commit: "
+              f"[{report_path.as_posix()}]({report_path.as_posix()}); measure your own machine "
+              "with `asteria bench all --quick` from a source checkout "
+              "(`pip install -e \".[bench]\"`).", ""]
     for d in suites:
         json_path = (out_dir / f"{d['suite']}.json").as_posix()
         figures = [headline_sentence(f) for f in d["headline"].values()]
         if not figures:
             continue
         sizes = ", quick sizes" if d["quick"] else ""
-        lines.append(f"- **{d['suite']}** ([{d['suite']}.json]({json_path}){sizes}): " +
+        fresh = freshness(d)
+        flag = "" if fresh == "fresh" else f" (**{fresh}**)"
+        lines.append(f"- **{d['suite']}** ([{d['suite']}.json]({json_path}){sizes}){flag}: " +
                      "; ".join(figures) + ".")
     plots = [(d, p) for d in suites for p in d["plots"]][:4]
     if plots:
@@ -169,7 +211,7 @@ def current_section(readme: str) -> str | None:
     return readme[start:end + len(END)]
 
 
-def write(out_dir: Path, report_path: Path, readme_path: Path) -> list[Path]:
+def write(out_dir: Path, report_path: Path, readme_path: Path | None) -> list[Path]:
     """Render both from `out_dir`'s JSON; returns the files written."""
     found = results.load(out_dir)
     written = []
@@ -177,8 +219,11 @@ def write(out_dir: Path, report_path: Path, readme_path: Path) -> list[Path]:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(render_report(found, out_dir, report_path))
         written.append(report_path)
-    if readme_path.is_file():
-        text = render_readme(readme_path.read_text(), found, out_dir, report_path)
+    if readme_path is not None and readme_path.is_file():
+        base = readme_path.resolve().parent  # links as the README's reader follows them
+        text = render_readme(readme_path.read_text(), found,
+                             Path(os.path.relpath(out_dir.resolve(), base)),
+                             Path(os.path.relpath(report_path.resolve(), base)))
         if text is not None:
             readme_path.write_text(text)
             written.append(readme_path)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 
 if sys.version_info >= (3, 11):
-    from enum import StrEnum
+    from enum import StrEnum  # novermin: 3.11 and later only
 
-    import tomllib
+    import tomllib  # novermin: 3.11 and later only
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
     from backports.strenum import StrEnum

@@ -15,5 +15,8 @@ __all__ = ["ControlPlane", "serve"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        from asteria_core.extras import require
+
+        require("server", f"backend.{name}")  # one line naming the extra, where it is missing
         return getattr(importlib.import_module("backend.attach"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 if sys.version_info >= (3, 11):
-    from enum import StrEnum
+    from enum import StrEnum  # novermin: 3.11 and later only
 else:  # pragma: no cover - Python 3.10: the standard backport
     from backports.strenum import StrEnum
 

@@ -15,3 +15,16 @@ def load(name: str) -> ModuleType:
     if name not in SUITES:
         raise ValueError(f"suite: got {name!r}; allowed: {', '.join(SUITES)}")
     return importlib.import_module(f"asteria_bench.suites.{name.replace('-', '_')}")
+
+
+# What each suite measures: a change to any of these paths after the commit a suite ran at makes
+# its published figures stale (the report flags it). Every suite measures the runtime and its own
+# module; the shared drivers and the control plane where a suite runs them.
+DRIVERS = ("asteria_bench/turns.py", "asteria_bench/clocks.py", "asteria_bench/pausable.py",
+           "asteria_bench/peers.py", "asteria_bench/ddp_rank.py", "asteria_bench/slower_host.py")
+SERVED = ("serving", "autopilot", "network")
+
+
+def measured_paths(name: str) -> tuple[str, ...]:
+    module = f"asteria_bench/suites/{name.replace('-', '_')}.py"
+    return ("asteria_core", module, *DRIVERS, *(("backend",) if name in SERVED else ()))

@@ -22,9 +22,9 @@ Each scenario trains its configurations on the same model, seed and batches, in 
 
 Configurations: the scenario's starting policy kept static, the autopilot (mode apply) from it,
 and a small grid of static policies searched offline, i.e. run beside them. The target loss is
-the best final loss (mean training loss of the last turn) plus 0.02, the issue's quality
+the best final loss (mean training loss of the last turn) plus 0.02, the quality
 tolerance: a configuration that trains faster but ends worse never reaches it. Per scenario:
-time to the target, final loss, the autopilot's decisions with their reasons. Goal (issue 28):
+time to the target, final loss, the autopilot's decisions with their reasons. Goal:
 the autopilot within 1.05x of the best static policy's time, at least 1.25x faster than the
 starting policy where that is poor, final loss within 0.02 of the best static run.
 """
@@ -71,7 +71,7 @@ PILOT = {"quick": {"window": 8, "settle": 2, "spacing": 10, "guard_steps": 8},
 SLOWER = {"a": 6.0, "b": 3.0, "c": 1.0, "d": 6.0}
 """How many times its measured time a refresh takes (1: as measured; see the docstring)."""
 QUALITY = 0.02
-"""The final loss a configuration may end above the best and still count (issue 28)."""
+"""The final loss a configuration may end above the best and still count."""
 AUTOPILOT = "autopilot"
 
 
@@ -292,7 +292,7 @@ def _quote(result: SuiteResult) -> None:
                      + ("never reached" if sc["vs_best"] is None else f"{sc['vs_best']:.2f}x")
                      for sc in result.runs)
     result.quote("autopilot_goals_met", sum(sc["met"] for sc in result.runs),
-                 f"the autopilot meets issue 28's goal in {{value}} of {len(result.runs)} "
+                 f"the autopilot meets its goal in {{value}} of {len(result.runs)} "
                  f"scenarios (time to the loss over the best static policy's: {each})")
     reached = [sc["vs_best"] for sc in result.runs if sc["vs_best"] is not None]
     if reached:

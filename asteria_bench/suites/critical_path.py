@@ -2,7 +2,7 @@
 
 AdamW, native SOAP and KL-Shampoo (refresh inline at the step), Asteria-SOAP and
 Asteria-KL-Shampoo (refresh on one host worker, paced, d = S = 10), and the peers' SOAP (and
-Shampoo or KL-Shampoo where a peer ships one; the `peers` extra) train the same model from the
+Shampoo or KL-Shampoo where a peer ships one; the `bench` extra) train the same model from the
 same seed on the same batches, in turns of one refresh interval (asteria_bench/turns.py). Per
 configuration: step time p50/p90/p99/max/mean over the steps after the warm-up turns, the spike
 ratio, the optimizer's visible overhead (mean step over AdamW's), idle by cause, the final
@@ -125,7 +125,7 @@ def report(result: SuiteResult, runs: list[dict[str, Any]]) -> None:
 
 
 def compare(result: SuiteResult, by_label: dict[str, dict[str, Any]]) -> None:
-    """The issue's targets, as measured: native SOAP against the fastest peer SOAP, and
+    """The targets, as measured: native SOAP against the fastest peer SOAP, and
     Asteria-SOAP against every peer."""
     native, ours, kl_native, kl_ours = (by_label.get(k) for k in (
         "native SOAP", "Asteria-SOAP", "native KL-Shampoo", "Asteria-KL-Shampoo"))

@@ -18,8 +18,7 @@ second-order run. Configurations:
   keeps them) and sends the updates every step, exact or rounded to bf16;
 - FSDP2 (`fully_shard`, one seed): Distributed Shampoo's fully-shard distributor against
   Asteria SOAP S=5, each rank preconditioning its own dim-0 shards (no basis and no search
-  direction travels in either), factors packed in both (Distributed Shampoo's default; as full
-  squares Asteria's are 40% of its state, benchmarks/fsdp_state.py).
+  direction travels in either), factors packed in both (Distributed Shampoo's default).
 
 Bytes: one convention for all (docs/architecture.md, "One byte convention"): logical bytes sent
 plus received per rank per step, every collective the optimizer posts counted (Asteria: bases,

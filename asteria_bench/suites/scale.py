@@ -1,4 +1,4 @@
-"""`scale`: how each of Asteria's costs grows with the model (issue 24).
+"""`scale`: how each of Asteria's costs grows with the model.
 
 A ladder of GPT sizes, from the default up to GPT-2 small's shape (12 x 768, 12 heads), byte
 vocabulary, sequences and batches kept small enough that a step stays within tens of seconds on

@@ -1,4 +1,4 @@
-"""The scale suite's Hugging Face row (issue 24, item 4): a real `GPT2LMHeadModel` at GPT-2
+"""The scale suite's Hugging Face row: a real `GPT2LMHeadModel` at GPT-2
 small's size trains through `asteria_core.integrations.hf`, as a user drops it in.
 
 Full: GPT-2 small from a `GPT2Config` (12 layers, 768 wide, 12 heads, 1024 positions, the

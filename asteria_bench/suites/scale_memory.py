@@ -1,4 +1,4 @@
-"""`scale-memory`: the paper's memory headline on this machine (issue 24, item 2): a model whose
+"""`scale-memory`: the paper's memory headline on the machine it runs on: a model whose
 all-in-memory SOAP state does not fit a memory cap trains under it with tiered state. A suite of
 its own beside `scale` (the ladder): at 1B parameters it runs for tens of minutes.
 

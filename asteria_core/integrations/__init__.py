@@ -1,6 +1,6 @@
 """Optional adapters for training frameworks: `hf` (Hugging Face Trainer) and `lightning`
-(Lightning). Each needs its framework (`pip install -e ".[hf]"` / `".[lightning]"`) and uses only
-the public runtime API; importing this package imports neither framework.
+(Lightning). Each needs its framework (`pip install "asteria[hf]"` / `"asteria[lightning]"`) and
+uses only the public runtime API; importing this package imports neither framework.
 
 Inside a framework the runtime works as in a plain loop: its hooks on the optimizer and the model
 run the step boundary inside every optimizer step, so there is one step record per optimizer

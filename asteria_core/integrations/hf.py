@@ -23,8 +23,10 @@ try:
     import transformers
     from transformers import TrainerCallback
 except ImportError as exc:  # an optional extra: say how to get it
-    raise ImportError('asteria_core.integrations.hf needs transformers and accelerate: '
-                      'pip install -e ".[hf]"') from exc
+    from asteria_core.extras import MissingExtra, message
+
+    raise MissingExtra(message("asteria_core.integrations.hf", "hf",
+                               [exc.name or "transformers"])) from exc
 
 import torch
 

@@ -24,8 +24,10 @@ from typing import Any
 try:
     import lightning.pytorch as pl
 except ImportError as exc:  # an optional extra: say how to get it
-    raise ImportError('asteria_core.integrations.lightning needs lightning: '
-                      'pip install -e ".[lightning]"') from exc
+    from asteria_core.extras import MissingExtra, message
+
+    raise MissingExtra(message("asteria_core.integrations.lightning", "lightning",
+                               [exc.name or "lightning"])) from exc
 
 import torch
 

@@ -15,7 +15,7 @@ the refresh must run on the host, beside the device, not as kernels on the devic
 With d = 0 a refresh is swapped in at its own boundary, so the step waits for the copy, which
 waits for the device's queued work: on CUDA keep d >= 1 (the default, d = S, does).
 
-Not measured on a GPU yet (no device was lent to the session that wrote it); see issue #4.
+Not yet run on a GPU.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`asteria plan`: how many host workers keep a run's refreshes off the critical path, and where
-its optimizer state lives (issue 24, item 5).
+its optimizer state lives.
 
 The blocks come from the optimizer itself: the run's model is built on the meta device (shapes,
 no memory) and its optimizer from the config exactly as the trainer builds it, so

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 import backend.launch
 from asteria import cli
 from asteria_core import cli as core
+from asteria_core.compat import tomllib
 from asteria_core.train.config_docs import describe_keys
 
 ROOT = Path(__file__).resolve().parents[2]

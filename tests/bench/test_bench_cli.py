@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from asteria import cli
+from asteria_bench import cli as bench_cli
 from asteria_bench import turns
 from asteria_bench.options import BenchOptions
 from asteria_bench.results import SuiteResult
@@ -67,6 +68,33 @@ def test_report_only_renders_the_report_and_readme_from_the_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "fastest S=5: 0.97x, -0.0100" in readme.read_text()
     assert "## Staleness" in (tmp_path / "report.md").read_text()
+
+
+def test_by_default_results_go_to_the_users_folder_and_nothing_is_published(tmp_path):
+    """A user measuring their own machine gets ./asteria-bench-results (JSON, plots, report.md);
+    the checkout's docs/benchmarks, docs/benchmarks.md and README.md stay as they are."""
+    published = {p: (ROOT / p).read_bytes() for p in ("README.md", "docs/benchmarks.md")}
+    suite = SuiteResult("staleness", "Staleness", quick=True, command="asteria bench staleness")
+    suite.quote("best", ["S=5", 0.5], "fastest {value[0]}: {value[1]:.2f}x")
+    suite.runs.append({"label": "native", "step_ms": [1.0]})
+    suite.save(tmp_path / "asteria-bench-results")
+    proc = bench("--report-only", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "asteria-bench-results" / "report.md").read_text()
+    assert "## Staleness" in page and "fastest S=5: 0.50x" not in page  # the README's line only
+    assert "wrote " + str(Path("asteria-bench-results") / "report.md") in proc.stderr
+    assert "README" not in proc.stderr
+    assert {p: (ROOT / p).read_bytes() for p in published} == published
+
+
+def test_publish_names_the_checkouts_pages_explicitly():
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "all", "--publish"])
+    assert bench_cli.destinations(args) == (ROOT / "docs/benchmarks", ROOT / "docs/benchmarks.md",
+                                            ROOT / "README.md")
+    args = parser.parse_args(["bench", "all"])
+    assert bench_cli.destinations(args) == (Path("asteria-bench-results"),
+                                            Path("asteria-bench-results/report.md"), None)
 
 
 def test_every_suite_has_a_title_and_a_run():

@@ -1,7 +1,7 @@
 """The peers' optimizers (asteria_bench/peers.py): built from our decay groups, they train, and
 those that follow the SOAP reference take the updates ours takes.
 
-Without the `peers` extra the tests skip, naming what is missing; under CI=true (the dev extra
+Without the `bench` extra the tests skip, naming what is missing; under CI=true (the dev extra
 installs the peers) a missing peer fails.
 """
 
@@ -25,7 +25,7 @@ def require(name: str) -> None:
     spec = peers.PEERS[name]
     if name in peers.available_peers(spec.kind):
         return
-    message = (f"{spec.package} is not installed; install it: pip install -e \".[peers]\"")
+    message = (f"{spec.package} is not installed; install it: pip install -e \".[bench]\"")
     missing(message)
 
 

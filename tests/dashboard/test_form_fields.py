@@ -2,11 +2,11 @@
 added to `Policy` reaches the API schema and the form with nothing else written."""
 
 import dataclasses
-from enum import StrEnum
 
 from fastapi import FastAPI
 
 import asteria_core.policy as policy_module
+from asteria_core.compat import StrEnum
 from asteria_core.policy import Policy, policy_fields
 from backend.app import create_app
 from backend.schemas import policy_update_model
