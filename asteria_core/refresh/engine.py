@@ -38,12 +38,17 @@ delayed mode, bit for bit.
 
 Faults: a refresh that raises or returns non-finite values keeps the previous basis and is
 counted; `failure_limit` consecutive failures of one block stop the run with `RefreshFailed`.
-A refresh still not done `refresh_timeout_ms` after the bound forced a wait is abandoned
-(a process worker is killed) and computed inline, counted as an inline fallback. A refresh a
-worker is already running counts as hung only after HANG_FACTOR times the longer of that timeout
-and its expected time (the slowest seconds per b^3 seen so far, times its b^3), from its start:
-an 8192-wide block's refresh takes a minute or more on one core, and abandoning it would only
-compute it again on the training thread while the worker thread runs on.
+Hangs: a step that must wait has one deadline, `refresh_timeout_ms` after it began waiting, for
+all its late refreshes together (pushed on by a timeout each time a refresh it waited for
+arrives: the workers are then working). Past it, a refresh no worker has taken up, and one whose
+worker process has used no CPU for a timeout (stopped, or stuck), is abandoned (the process is
+killed and replaced) and computed inline at once, counted as an inline fallback. A refresh a
+worker computes is waited for until HANG_FACTOR times the longer of that timeout and its
+expected time (the median seconds per b^3 of the last RATE_SAMPLES refreshes, times its b^3)
+from its start: an 8192-wide block's refresh takes a minute or more on one core, and abandoning
+it would only compute it again on the training thread. A median, not the slowest ever: one
+refresh slowed by a stopped worker would otherwise stretch that allowance for the rest of the
+run; it leaves the window after RATE_SAMPLES refreshes and never moves the median alone.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ from asteria_core.telemetry.reporter import NullReporter, Reporter
 log = logging.getLogger(__name__)
 HANG_FACTOR = 4
 """A running refresh is hung after this many times its allowance (see the module docstring)."""
+RATE_SAMPLES = 32
+"""Refreshes the expected seconds per b^3 (the hang allowance's) is the median of."""
 LATENCY_SAMPLES = 64
 """Refreshes the latency figure is taken over (`RefreshFigures.refresh_latency_steps`)."""
 STEP_SAMPLES = 32
@@ -207,9 +214,11 @@ class RefreshEngine:
         self._round_seconds = 0.0
         """Sum of `_refresh_seconds`: one round's work, kept as it changes (not summed over
         every block at every boundary)."""
-        self._slowest_rate = 0.0
-        """Most seconds per unit of cost (b^3) a finished refresh took: a block's expected
-        refresh time is this times its cost."""
+        self._rates: deque[float] = deque(maxlen=RATE_SAMPLES)
+        """Seconds per unit of cost (b^3) of the last refreshes: a block's expected refresh
+        time is their median times its cost."""
+        self._deadline: float | None = None
+        """When this boundary's waits for late refreshes end (`_await`); None before one."""
         self._pool = None
         self._pool_spec: tuple | None = None
         self._retired: list = []
@@ -238,6 +247,7 @@ class RefreshEngine:
             waited = self.waited_seconds - self._waited_before
             self._step_walls.append(max(now - self._last_boundary - waited, 0.0))
         self._last_boundary, self._waited_before = now, self.waited_seconds
+        self._deadline = None
         policy = self.policy.current
         self._apply_policy(policy)
         t = self.opt.num_steps
@@ -548,7 +558,11 @@ class RefreshEngine:
         self.computed_seconds += seconds
         self.computed_cost += self.blocks[key].cost
         self._refresh_seconds[key] = seconds
-        self._slowest_rate = max(self._slowest_rate, seconds / self.blocks[key].cost)
+        self._rates.append(seconds / self.blocks[key].cost)
+
+    def _expected(self, key: BlockKey) -> float:
+        """Seconds a refresh of `key` is expected to take (0 before any finished)."""
+        return statistics.median(self._rates) * self.blocks[key].cost if self._rates else 0.0
 
     def _swap_now(self, item: Outstanding, policy: Policy) -> None:
         """Swap a first basis computed inline at once, before the next block's is computed.
@@ -623,21 +637,37 @@ class RefreshEngine:
         return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)]
 
     def _await(self, job: Job, key: BlockKey, policy: Policy) -> bool:
-        """Wait for `job` at the bound: `refresh_timeout_ms`, or, once a worker runs it, until
-        HANG_FACTOR times the longer of that and its expected time after its start. False:
-        it looks hung."""
+        """Wait for `job` at the bound, until this boundary's deadline (one timeout after its
+        first wait, for every late refresh together); past it, on while a worker computes it,
+        until HANG_FACTOR times the longer of the timeout and its expected time after its
+        start. False: it looks hung (never taken up, or its process is stalled): compute it
+        here, at once."""
         timeout = policy.refresh_timeout_ms / 1e3
-        deadline = time.perf_counter() + timeout
+        if self._deadline is None:
+            self._deadline = time.perf_counter() + timeout
+        deadline = self._deadline
         while not job.done.wait(max(0.0, deadline - time.perf_counter())):
-            started = job.started_at
-            if started is None:
+            if job.started_at is None:
                 return False  # the workers never took it up: compute it here
-            expected = self._slowest_rate * self.blocks[key].cost
-            running = started + HANG_FACTOR * max(timeout, expected)
-            if running <= deadline:
+            now = time.perf_counter()
+            stalled = self._stalled(job)
+            if stalled is not None and stalled >= timeout:
+                return False  # its process is stopped or stuck: killed, and computed here
+            running = job.started_at + HANG_FACTOR * max(timeout, self._expected(key))
+            if running <= now:
                 return False
-            deadline = running
+            deadline = running if stalled is None else min(running, now + max(
+                timeout - stalled, 0.05))
+        # It arrived: the workers work, so the refreshes behind it get a timeout from here.
+        self._deadline = max(self._deadline, time.perf_counter() + timeout)
         return True
+
+    def _stalled(self, job: Job) -> float | None:
+        """Seconds the worker process running `job` has used no CPU (None: not known)."""
+        for pool in (self._pool, *self._retired):
+            if pool is not None and (stalled := pool.stalled(job)) is not None:
+                return stalled
+        return None
 
     def _receive(self, item: Outstanding, policy: Policy) -> None:
         """Another rank's result, waited for (sync_wait) if it has not arrived by its swap."""
@@ -753,6 +783,7 @@ class RefreshEngine:
         for a queue or for worker processes that are still starting. In a data-parallel run the
         owner's worker result also travels to the other ranks: there every refresh is awaited."""
         policy = self.policy.current
+        self._deadline = None
         if self.exchange is not None:
             # Every job pacing still holds goes to the workers now: the exchange sends results
             # in swap order, which is not the order of the queues below, and a transfer must

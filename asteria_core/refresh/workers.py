@@ -149,6 +149,11 @@ class ThreadWorkers:
         """Forget a job (a hung one): a thread cannot be killed, its late result is ignored."""
         job.cancelled = True
 
+    def stalled(self, job: Job) -> float | None:
+        """Unknown for a thread (a refresh may wait on its intra-op threads): the engine goes
+        by the time a refresh is expected to take instead."""
+        return None
+
     def retire(self) -> None:
         """Take no more jobs (a policy change replaced this pool): each thread ends after the
         job it is running."""
@@ -270,6 +275,17 @@ def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: in
             outbox.put((job_id, None, traceback.format_exc(limit=3), time.perf_counter() - t0))
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process `pid` has used, all its threads together (Linux: /proc); None where
+    that cannot be read (another system, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 class _Process:
     def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, nice: int,
                  outbox: Any, cpus: frozenset[int] | None) -> None:
@@ -282,6 +298,24 @@ class _Process:
         self.ready = False
         """Set when the process says it is up (torch imported): only then is a job handed to
         it, so a job's `started_at` is when a process really takes it up."""
+        self._cpu: float | None = None
+        self._progress_at = 0.0
+
+    def took(self, job: Job) -> None:
+        """`job` is handed to this process now: its progress is counted from here."""
+        self.job = job
+        self._cpu, self._progress_at = cpu_seconds(self.proc.pid), time.perf_counter()
+
+    def stalled(self) -> float | None:
+        """Seconds since this process last used any CPU (since it took its job, at most);
+        None where its CPU time cannot be read. A stopped (SIGSTOP) or stuck process stalls; a
+        refresh that computes, however slowly, uses CPU."""
+        cpu, now = cpu_seconds(self.proc.pid), time.perf_counter()
+        if cpu is None or self._cpu is None:
+            return None
+        if cpu != self._cpu:
+            self._cpu, self._progress_at = cpu, now
+        return now - self._progress_at
 
 
 class ProcessWorkers:
@@ -361,7 +395,7 @@ class ProcessWorkers:
                     self._shared.give_back(buffers)
                     continue
                 job_id = next(self._ids)
-                proc.job = job
+                proc.took(job)
                 self._jobs[job_id] = (job, proc)
                 self._holding[job_id] = buffers
                 job.started_at = time.perf_counter()
@@ -450,6 +484,18 @@ class ProcessWorkers:
                         index = self._procs.index(proc)
                         self._procs[index] = self._new_process(index)
                     self._idle.notify_all()
+
+    def stalled(self, job: Job) -> float | None:
+        """Seconds the process running `job` has used no CPU; None when no process of this pool
+        runs it or its CPU time cannot be read."""
+        with self._lock:
+            proc = next((p for j, p in self._jobs.values() if j is job), None)
+        return None if proc is None else proc.stalled()
+
+    def up(self) -> int:
+        """Worker processes that are up and take jobs."""
+        with self._lock:
+            return sum(1 for p in self._procs if p.ready and p.proc.is_alive())
 
     def retire(self) -> None:
         """Take no more jobs (a policy change replaced this pool): each process exits after the
