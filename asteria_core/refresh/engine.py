@@ -218,6 +218,8 @@ class RefreshEngine:
         """Seconds per unit of cost (b^3) of the last refreshes: a block's expected refresh
         time is their median times its cost."""
         self._deadline: float | None = None
+        self._busy_mark: tuple | None = None
+        """(pool, its busy seconds, when) at the last boundary (`_busy_ratio`)."""
         """When this boundary's waits for late refreshes end (`_await`); None before one."""
         self._pool = None
         self._pool_spec: tuple | None = None
@@ -751,9 +753,7 @@ class RefreshEngine:
         stale = list(self.staleness(t).values())
         depth = sum(1 for item in self._all_outstanding()
                     if item.job is not None and not item.job.done.is_set())
-        busy = None
-        if self._pool is not None:
-            busy = self._pool.busy() / self._pool.size
+        busy = self._busy_ratio()
         load = self.background_load(policy)
         self.reporter.set_staleness(stale)
         mode = "native" if policy.workers == 0 else f"async-{policy.swap_mode}"
@@ -768,6 +768,21 @@ class RefreshEngine:
             swap_lead=(policy.delay - self._window(policy) + 1
                        if policy.swap_mode == SwapMode.DETERMINISTIC else None),
             refresh_latency_steps=self.latency_steps())
+
+    def _busy_ratio(self) -> float | None:
+        """The share of the workers' time since the last boundary spent in jobs (None inline).
+        Measured over the interval, not looked at the boundary: there the workers are
+        between jobs (those released now not yet taken up), and a look reads 0 however busy
+        they were."""
+        pool = self._pool
+        if pool is None:
+            self._busy_mark = None
+            return None
+        mark = (pool, pool.busy_seconds(), time.perf_counter())
+        last, self._busy_mark = self._busy_mark, mark
+        if last is None or last[0] is not pool or mark[2] <= last[2]:
+            return None  # a new pool: nothing measured yet
+        return min((mark[1] - last[1]) / (pool.size * (mark[2] - last[2])), 1.0)
 
     def _all_outstanding(self):
         for queue_ in self.outstanding.values():

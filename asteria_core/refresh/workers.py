@@ -119,6 +119,8 @@ class ThreadWorkers:
         self._lock = threading.Lock()
         self._threads_per_worker = threads_per_worker
         self._running: dict[str, Job] = {}
+        self._since: dict[str, float] = {}  # thread name -> when it took its job
+        self._busy_total = 0.0
         self._threads = [threading.Thread(target=self._loop, name=f"refresh-worker-{i}",
                                           daemon=True) for i in range(n)]
         for t in self._threads:
@@ -135,12 +137,14 @@ class ThreadWorkers:
             with self._lock:
                 self._busy += 1
                 self._running[name] = job
+                self._since[name] = time.perf_counter()
             try:
                 _run_job(self._fn, job)
             finally:
                 with self._lock:
                     self._busy -= 1
                     del self._running[name]
+                    self._busy_total += time.perf_counter() - self._since.pop(name)
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
@@ -166,6 +170,12 @@ class ThreadWorkers:
     def busy(self) -> int:
         with self._lock:
             return self._busy
+
+    def busy_seconds(self) -> float:
+        """Worker seconds spent in jobs so far, those running up to now included."""
+        with self._lock:
+            now = time.perf_counter()
+            return self._busy_total + sum(now - since for since in self._since.values())
 
     def close(self, timeout: float = 10.0) -> list[str]:
         """Stop and join every worker; returns the names of any that did not stop in time.
@@ -300,11 +310,20 @@ class _Process:
         it, so a job's `started_at` is when a process really takes it up."""
         self._cpu: float | None = None
         self._progress_at = 0.0
+        self.since = 0.0
+        """When it took its job."""
 
     def took(self, job: Job) -> None:
         """`job` is handed to this process now: its progress is counted from here."""
         self.job = job
         self._cpu, self._progress_at = cpu_seconds(self.proc.pid), time.perf_counter()
+        self.since = self._progress_at
+
+    def let_go(self) -> float:
+        """Its job is over (done, or the process is gone): the seconds it was busy with it."""
+        busy = time.perf_counter() - self.since if self.job is not None else 0.0
+        self.job = None
+        return busy
 
     def stalled(self) -> float | None:
         """Seconds since this process last used any CPU (since it took its job, at most);
@@ -353,6 +372,7 @@ class ProcessWorkers:
         self._holding: dict[int, list[torch.Tensor]] = {}  # job id -> its snapshot's buffers
         self.deaths = 0
         """Worker processes that died without being asked to (each replaced, its job requeued)."""
+        self._busy_total = 0.0
         self._closing = False
         self._retiring = False
         self._dispatcher = threading.Thread(target=self._dispatch, name="refresh-dispatch",
@@ -434,7 +454,7 @@ class ProcessWorkers:
                     continue  # a job abandoned as hung, or requeued: its process was replaced
                 self._done_with(job_id)
                 job, proc = entry
-                proc.job = None
+                self._busy_total += proc.let_go()
                 self._idle.notify_all()
             job.result, job.error = result, error
             job.finished_at = time.perf_counter()
@@ -456,6 +476,7 @@ class ProcessWorkers:
                 for job_id in [i for i, (_, p) in self._jobs.items() if p is proc]:
                     del self._jobs[job_id]
                     self._done_with(job_id)  # its process is gone: nothing reads them now
+                self._busy_total += proc.let_go()
                 self._procs[index] = self._new_process(index)
                 if job is not None and not job.cancelled:
                     job.started_at = None
@@ -476,6 +497,7 @@ class ProcessWorkers:
             for job_id, (j, proc) in list(self._jobs.items()):
                 if j is job:
                     del self._jobs[job_id]
+                    self._busy_total += proc.let_go()
                     proc.proc.kill()
                     proc.proc.join(5)
                     if not proc.proc.is_alive():
@@ -515,6 +537,13 @@ class ProcessWorkers:
     def busy(self) -> int:
         with self._lock:
             return sum(1 for p in self._procs if p.job is not None)
+
+    def busy_seconds(self) -> float:
+        """Worker seconds spent in jobs so far (from hand-over to result), those running up to
+        now included."""
+        with self._lock:
+            now = time.perf_counter()
+            return self._busy_total + sum(now - p.since for p in self._procs if p.job is not None)
 
     def pids(self) -> list[int]:
         with self._lock:
