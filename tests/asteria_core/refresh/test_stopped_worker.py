@@ -63,7 +63,7 @@ class _Run:
 
     def idle_worker(self) -> int:
         """Train until a round has just been swapped and the worker is up and idle; its pid."""
-        pool = self.engine._pool
+        pool = self.engine.workers.pool
         _wait(lambda: pool.up() == 1)
         while True:
             self.step()
@@ -94,7 +94,7 @@ def test_a_stopped_worker_process_stalls_a_step_about_one_timeout_and_is_replace
                 f"{stop} stop: a step stalled {stall:.1f} s with a {TIMEOUT_S} s timeout "
                 f"({run.blocks} blocks)")
             _wait(lambda victim=victim: not alive(victim), 30)  # killed, not left stopped
-            pool = run.engine._pool
+            pool = run.engine.workers.pool
             assert victim not in pool.pids()
             _wait(lambda pool=pool: pool.up() == 1)  # and replaced
         for _ in range(4):  # the new worker refreshes again
