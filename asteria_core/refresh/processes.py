@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from asteria_core.optim.seam import FactorSnapshot
-from asteria_core.refresh.workers import Job, RefreshFn, _PriorityQueue, _renice, pin_this_thread
+from asteria_core.refresh.jobs import Job, PriorityQueue, RefreshFn, pin_this_thread, renice
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: in
     import torch
 
     torch.set_num_threads(threads)
-    _renice(0, nice)
+    renice(0, nice)
     outbox.put((READY, os.getpid(), None, 0.0))
     while (item := inbox.get()) is not None:
         job_id, snapshot, config = item
@@ -181,7 +181,7 @@ class ProcessWorkers:
         self._n, self._fn, self._threads, self._nice = n, fn, threads_per_worker, nice
         self._cpus = cpus
         self._outbox = self._ctx.Queue()
-        self._queue = _PriorityQueue()
+        self._queue = PriorityQueue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ids = itertools.count()

@@ -12,7 +12,7 @@ from asteria_core.policy import Policy, SwapMode
 from asteria_core.refresh.outstanding import Outstanding, barely_moved
 from asteria_core.telemetry.labels import IdleCause
 
-log = logging.getLogger("asteria_core.refresh.engine")
+log = logging.getLogger(__name__)
 
 
 class Swaps:

@@ -9,95 +9,24 @@ additionally own their intra-op thread count and can be killed when a refresh ha
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import logging
-import os
 import threading
 import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 from asteria_core.policy import WorkerKind
+from asteria_core.refresh.jobs import (
+    Job,
+    PriorityQueue,
+    RefreshFn,
+    pin_this_thread,
+    renice,
+    run_job,
+)
+from asteria_core.refresh.processes import ProcessWorkers
 
-RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
-log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Job:
-    """One refresh of one block; `done` is set when `result` or `error` is filled in."""
-
-    snapshot: FactorSnapshot
-    config: RefreshConfig
-    priority: tuple
-    submitted_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
-    finished_at: float | None = None
-    result: RefreshResult | None = None
-    error: str | None = None
-    cancelled: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
-    ready: Any = None
-    """CUDA: an event marking the snapshot's host copy complete; waited for before the run."""
-
-    @property
-    def seconds(self) -> float:
-        """Worker time spent on the job (0 until it finished)."""
-        if self.started_at is None or self.finished_at is None:
-            return 0.0
-        return self.finished_at - self.started_at
-
-
-class _PriorityQueue:
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple, int, Job]] = []
-        self._count = itertools.count()
-        self._cv = threading.Condition()
-        self._closed = False
-
-    def put(self, job: Job) -> None:
-        with self._cv:
-            heapq.heappush(self._heap, (job.priority, next(self._count), job))
-            self._cv.notify()
-
-    def get(self) -> Job | None:
-        """The most urgent job not cancelled, or None once closed."""
-        with self._cv:
-            while True:
-                while self._heap and self._heap[0][2].cancelled:
-                    heapq.heappop(self._heap)
-                if self._heap:
-                    return heapq.heappop(self._heap)[2]
-                if self._closed:
-                    return None
-                self._cv.wait()
-
-    def __len__(self) -> int:
-        with self._cv:
-            return sum(1 for _, _, job in self._heap if not job.cancelled)
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-
-
-def _run_job(fn: RefreshFn, job: Job) -> None:
-    try:
-        if job.ready is not None:
-            job.ready.synchronize()  # not counted in job.seconds: the device's time, not ours
-        job.started_at = time.perf_counter()
-        job.result = fn(job.snapshot, job.config)
-    except Exception:  # any failure keeps the old basis; the engine counts it
-        job.error = traceback.format_exc(limit=3)
-    job.finished_at = time.perf_counter()
-    job.done.set()
+__all__ = ["Job", "ProcessWorkers", "RefreshFn", "ThreadWorkers", "make_pool",
+           "pin_this_thread"]
 
 
 class ThreadWorkers:
@@ -111,7 +40,7 @@ class ThreadWorkers:
         self._fn = fn
         self._nice = nice
         self._cpus = cpus
-        self._queue = _PriorityQueue()
+        self._queue = PriorityQueue()
         self._busy = 0
         self._lock = threading.Lock()
         self._threads_per_worker = threads_per_worker
@@ -124,10 +53,9 @@ class ThreadWorkers:
             t.start()
 
     def _loop(self) -> None:
-
         pin_this_thread(self._cpus)  # first: the OpenMP threads it starts inherit the CPUs
         torch.set_num_threads(self._threads_per_worker)  # per thread: OpenMP's own setting
-        _renice(threading.get_native_id(), self._nice)
+        renice(threading.get_native_id(), self._nice)
         name = threading.current_thread().name
         while (job := self._queue.get()) is not None:
             with self._lock:
@@ -135,7 +63,7 @@ class ThreadWorkers:
                 self._running[name] = job
                 self._since[name] = time.perf_counter()
             try:
-                _run_job(self._fn, job)
+                run_job(self._fn, job)
             finally:
                 with self._lock:
                     self._busy -= 1
@@ -189,20 +117,6 @@ class ThreadWorkers:
         return [t.name for t in self._threads if t.is_alive()]
 
 
-def pin_this_thread(cpus: frozenset[int] | None) -> None:
-    """Run the calling thread (Linux: pid 0 is the calling thread) and the threads it starts
-    from now on only on `cpus`; None leaves it where it is (by default, the CPUs of the thread
-    that started it: the training thread's, `train.cpus`)."""
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
-def _renice(tid: int, nice: int) -> None:
-    """Lower one thread's (Linux) or process's scheduling priority; a no-op for 0."""
-    if nice:
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
-
-
 def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: int = 0,
               cpus: frozenset[int] | None = None):
     """A pool of `n` workers; `cpus`: the CPUs its threads and processes run on (None: those
@@ -211,8 +125,6 @@ def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: i
         case WorkerKind.THREAD:
             return ThreadWorkers(n, fn, threads_per_worker, nice, cpus)
         case WorkerKind.PROCESS:
-            from asteria_core.refresh.processes import ProcessWorkers  # it builds on this module
-
             return ProcessWorkers(n, fn, threads_per_worker, nice, cpus)
         case _:
             raise NotImplementedError(kind)
