@@ -17,30 +17,27 @@ from asteria_core.runtime import Runtime
 
 
 class PausableRefresh(RefreshEngine):
-    deferred = False
     paused_at: float | None = None
     """When the last turn ended (after `wait_released`); None while a turn runs."""
 
-    def _release(self, t: int) -> None:
-        if not self.deferred:
-            super()._release(t)
+    @property
+    def deferred(self) -> bool:
+        return self.pacer.holding
 
     def defer_releases(self, defer: bool) -> None:
         """While on, jobs whose pacing release comes at a boundary stay held (a swap that needs
         one still sends it); turning it off sends every job whose release has come."""
-        self.deferred = defer
         if not defer and self.paused_at is not None:
-            if self._last_boundary is not None:  # the pause is no part of the next step
-                self._last_boundary += time.perf_counter() - self.paused_at
+            if self.meter.last_boundary is not None:  # the pause is no part of the next step
+                self.meter.last_boundary += time.perf_counter() - self.paused_at
             self.paused_at = None
-        if not defer and self._pool is not None:
-            self._release(self.opt.num_steps)
+        self.hold_releases(defer)
 
     def wait_released(self, timeout: float = 60.0) -> float:
         """Wait (at most `timeout` s in all) until every job already handed to the workers has
         finished; jobs held back by pacing stay held. Returns the seconds waited."""
         t0 = time.perf_counter()
-        for item in list(self._all_outstanding()):
+        for item in list(self.pending):
             if item.job is not None and item.release_step is None:
                 item.job.done.wait(max(0.0, timeout - (time.perf_counter() - t0)))
         self.paused_at = time.perf_counter()

@@ -143,9 +143,10 @@ class Policy:
         "fill its idle gaps instead of competing with it.")
     refresh_timeout_ms: int = _int(
         30_000, 1, 86_400_000, "Refresh timeout (ms)",
-        "How long a step waits at the bound for a late refresh before computing it inline. A "
-        "refresh a worker is already running gets 4 x max(this, its expected time from the "
-        "refresh rate seen so far), so a wide factor still computing is not taken for hung.")
+        "How long a step waits at the bound for its late refreshes, all together, before "
+        "computing them inline (a stopped or stuck worker process is killed and replaced). A "
+        "refresh a worker is still computing gets 4 x max(this, its expected time from the "
+        "recent refresh rate), so a wide factor still computing is not taken for hung.")
     priority: str = _choice(
         Priority.STALE_THEN_COST, "Refresh queue order",
         "stale_then_cost (most stale, then most expensive) | fifo.")

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from asteria_core.fields import AUTO
-from asteria_core.policy import PLANNED_DUTY
+from asteria_core.policy import PLANNED_DUTY, Priority, SwapMode
 
 MAX_AUTO_WINDOW = 256
 """"auto" looks at most this many boundaries wide (a round rarely needs more slots to be even,
@@ -63,3 +63,75 @@ def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[fl
         if delay - v + 1 >= math.ceil(_peak(costs, v) * PLANNED_DUTY * span / total - 1e-9):
             return v
     return 1
+
+
+class SwapSchedule:
+    """When each refresh of the engine's blocks is read, released and swapped in (the same on
+    every rank and with or without workers: it depends on the blocks and the policy only)."""
+
+    def __init__(self, blocks: dict, refreshes) -> None:
+        self.blocks, self.refreshes = blocks, refreshes
+        self._position = {key: i for i, key in enumerate(blocks)}  # fifo's order
+        self._spec: tuple | None = None
+        self._v = 1
+        """V (`window`) and the policy fields it was worked out for."""
+
+    def position(self, key) -> int:
+        return self._position[key]
+
+    def tie(self, key, policy) -> float:
+        """Queue order among blocks equally stale: stale_then_cost, most expensive first;
+        fifo, as due."""
+        return -self.blocks[key].cost if policy.priority == Priority.STALE_THEN_COST else \
+            self._position[key]
+
+    def window(self, policy) -> int:
+        """V: the boundaries a deterministic round is placed on, from the policy and the
+        blocks' costs, in queue order."""
+        spec = (policy.delay, policy.swap_window, policy.refresh_interval, policy.priority)
+        if self._spec != spec:
+            ordered = sorted(self.blocks, key=lambda key: self.tie(key, policy))
+            self._spec = spec
+            self._v = swap_window(policy.delay, policy.swap_window, policy.refresh_interval,
+                                  [self.blocks[k].cost for k in ordered])
+        return self._v
+
+    def lead(self, policy) -> int | None:
+        """L = d - V + 1 in deterministic mode, else None."""
+        if policy.swap_mode != SwapMode.DETERMINISTIC:
+            return None
+        return policy.delay - self.window(policy) + 1
+
+    def place(self, due, policy) -> dict:
+        """Deterministic mode: each due block's slot k in 0 .. V-1, by refresh cost in queue
+        order (`share_out`): read and released at s + k when paced, swapped at
+        s + d - V + 1 + k. So a block released early is swapped early, every boundary of the
+        window carries about 1/V of the round's work and swaps, and each basis is d - V + 1
+        steps old at its swap."""
+        if policy.swap_mode != SwapMode.DETERMINISTIC or not due:
+            return {}
+        window = self.window(policy)
+        if window <= 1:
+            return dict.fromkeys(due, 0)
+        ordered = sorted(due, key=lambda key: self.tie(key, policy))
+        return share_out(ordered, [self.blocks[k].cost for k in ordered], window)
+
+    def early(self, key, t: int, slots: dict, policy) -> int:
+        """How many boundaries before s + d `key` is swapped (V - 1 - its slot), never before
+        the swap of its refresh still in flight (after a live change of the window, a newer
+        round could otherwise place it earlier): s - early never decreases along a block's
+        queue, so its refreshes are swapped in the order they fell due, here and in a
+        checkpoint's pending list."""
+        early = self.window(policy) - 1 - slots[key] if slots else 0
+        queue_ = self.refreshes.queues[key]
+        if not queue_:
+            return early
+        last = queue_[-1]
+        return min(early, last.early + t - last.stats_step)
+
+    def swap_step(self, item, policy) -> int:
+        """The boundary at which a deterministic refresh is swapped (d read as it is now); a
+        block's first basis at once."""
+        if item.first:
+            return item.stats_step
+        return item.stats_step + max(policy.delay - item.early, 0)

@@ -9,98 +9,24 @@ additionally own their intra-op thread count and can be killed when a refresh ha
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
-import itertools
-import logging
-import multiprocessing as mp
-import os
-import queue
 import threading
 import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 from asteria_core.policy import WorkerKind
+from asteria_core.refresh.jobs import (
+    Job,
+    PriorityQueue,
+    RefreshFn,
+    pin_this_thread,
+    renice,
+    run_job,
+)
+from asteria_core.refresh.processes import ProcessWorkers
 
-RefreshFn = Callable[[FactorSnapshot, RefreshConfig], RefreshResult]
-log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Job:
-    """One refresh of one block; `done` is set when `result` or `error` is filled in."""
-
-    snapshot: FactorSnapshot
-    config: RefreshConfig
-    priority: tuple
-    submitted_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
-    finished_at: float | None = None
-    result: RefreshResult | None = None
-    error: str | None = None
-    cancelled: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
-    ready: Any = None
-    """CUDA: an event marking the snapshot's host copy complete; waited for before the run."""
-
-    @property
-    def seconds(self) -> float:
-        """Worker time spent on the job (0 until it finished)."""
-        if self.started_at is None or self.finished_at is None:
-            return 0.0
-        return self.finished_at - self.started_at
-
-
-class _PriorityQueue:
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple, int, Job]] = []
-        self._count = itertools.count()
-        self._cv = threading.Condition()
-        self._closed = False
-
-    def put(self, job: Job) -> None:
-        with self._cv:
-            heapq.heappush(self._heap, (job.priority, next(self._count), job))
-            self._cv.notify()
-
-    def get(self) -> Job | None:
-        """The most urgent job not cancelled, or None once closed."""
-        with self._cv:
-            while True:
-                while self._heap and self._heap[0][2].cancelled:
-                    heapq.heappop(self._heap)
-                if self._heap:
-                    return heapq.heappop(self._heap)[2]
-                if self._closed:
-                    return None
-                self._cv.wait()
-
-    def __len__(self) -> int:
-        with self._cv:
-            return sum(1 for _, _, job in self._heap if not job.cancelled)
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-
-
-def _run_job(fn: RefreshFn, job: Job) -> None:
-    try:
-        if job.ready is not None:
-            job.ready.synchronize()  # not counted in job.seconds: the device's time, not ours
-        job.started_at = time.perf_counter()
-        job.result = fn(job.snapshot, job.config)
-    except Exception:  # any failure keeps the old basis; the engine counts it
-        job.error = traceback.format_exc(limit=3)
-    job.finished_at = time.perf_counter()
-    job.done.set()
+__all__ = ["Job", "ProcessWorkers", "RefreshFn", "ThreadWorkers", "make_pool",
+           "pin_this_thread"]
 
 
 class ThreadWorkers:
@@ -114,33 +40,35 @@ class ThreadWorkers:
         self._fn = fn
         self._nice = nice
         self._cpus = cpus
-        self._queue = _PriorityQueue()
+        self._queue = PriorityQueue()
         self._busy = 0
         self._lock = threading.Lock()
         self._threads_per_worker = threads_per_worker
         self._running: dict[str, Job] = {}
+        self._since: dict[str, float] = {}  # thread name -> when it took its job
+        self._busy_total = 0.0
         self._threads = [threading.Thread(target=self._loop, name=f"refresh-worker-{i}",
                                           daemon=True) for i in range(n)]
         for t in self._threads:
             t.start()
 
     def _loop(self) -> None:
-        import torch
-
         pin_this_thread(self._cpus)  # first: the OpenMP threads it starts inherit the CPUs
         torch.set_num_threads(self._threads_per_worker)  # per thread: OpenMP's own setting
-        _renice(threading.get_native_id(), self._nice)
+        renice(threading.get_native_id(), self._nice)
         name = threading.current_thread().name
         while (job := self._queue.get()) is not None:
             with self._lock:
                 self._busy += 1
                 self._running[name] = job
+                self._since[name] = time.perf_counter()
             try:
-                _run_job(self._fn, job)
+                run_job(self._fn, job)
             finally:
                 with self._lock:
                     self._busy -= 1
                     del self._running[name]
+                    self._busy_total += time.perf_counter() - self._since.pop(name)
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
@@ -148,6 +76,11 @@ class ThreadWorkers:
     def abandon(self, job: Job) -> None:
         """Forget a job (a hung one): a thread cannot be killed, its late result is ignored."""
         job.cancelled = True
+
+    def stalled(self, job: Job) -> float | None:
+        """Unknown for a thread (a refresh may wait on its intra-op threads): the engine goes
+        by the time a refresh is expected to take instead."""
+        return None
 
     def retire(self) -> None:
         """Take no more jobs (a policy change replaced this pool): each thread ends after the
@@ -161,6 +94,12 @@ class ThreadWorkers:
     def busy(self) -> int:
         with self._lock:
             return self._busy
+
+    def busy_seconds(self) -> float:
+        """Worker seconds spent in jobs so far, those running up to now included."""
+        with self._lock:
+            now = time.perf_counter()
+            return self._busy_total + sum(now - since for since in self._since.values())
 
     def close(self, timeout: float = 10.0) -> list[str]:
         """Stop and join every worker; returns the names of any that did not stop in time.
@@ -176,325 +115,6 @@ class ThreadWorkers:
             if t.name not in hung:
                 t.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in self._threads if t.is_alive()]
-
-
-def pin_this_thread(cpus: frozenset[int] | None) -> None:
-    """Run the calling thread (Linux: pid 0 is the calling thread) and the threads it starts
-    from now on only on `cpus`; None leaves it where it is (by default, the CPUs of the thread
-    that started it: the training thread's, `train.cpus`)."""
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
-def _renice(tid: int, nice: int) -> None:
-    """Lower one thread's (Linux) or process's scheduling priority; a no-op for 0."""
-    if nice:
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
-
-
-class SharedBuffers:
-    """Shared-memory tensors that carry snapshots to worker processes, reused job after job.
-
-    A (possibly lent) snapshot must not be pickled as it is: pickling moves a tensor's storage
-    into shared memory in place, which the optimizer's live tensors must not undergo. So it is
-    copied once, on the dispatcher thread, into a buffer that is already shared: pickling it
-    then sends a file descriptor and copies nothing, and no shared-memory segment is created or
-    torn down per job (before: a clone, then a second copy into a new segment, per tensor per
-    job). A buffer goes back to the pool when its worker is done with it: its result arrived,
-    or its process died or was killed."""
-
-    def __init__(self) -> None:
-        self._free: dict[tuple, list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-
-    def copy(self, snapshot: FactorSnapshot) -> tuple[FactorSnapshot, list[torch.Tensor]]:
-        """The snapshot with its tensors in shared buffers, and the buffers it holds."""
-        if not isinstance(snapshot, FactorSnapshot):
-            return snapshot, []  # not the optimizer's (a test's own job): nothing to protect
-        held: list[torch.Tensor] = []
-
-        def shared(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None:
-                return None
-            with self._lock:
-                free = self._free.get((tuple(t.shape), t.dtype))
-                buf = free.pop() if free else None
-            if buf is None:
-                buf = torch.empty(t.shape, dtype=t.dtype).share_memory_()
-            held.append(buf)
-            return buf.copy_(t)
-
-        return dataclasses.replace(snapshot, factor=shared(snapshot.factor),
-                                   basis=shared(snapshot.basis)), held
-
-    def give_back(self, buffers: list[torch.Tensor]) -> None:
-        with self._lock:
-            for buf in buffers:
-                self._free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
-
-
-def _exit_with_parent() -> None:
-    """End this worker process when the one that started it dies: a kill -9 of the server runs
-    no cleanup, and a worker blocked on its inbox would otherwise live on, holding memory and
-    the resource tracker."""
-    parent = mp.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()  # returns when the parent's end of the sentinel pipe closes
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-READY = "ready"
-"""The first message of a worker process on the outbox: (READY, its pid, None, 0.0)."""
-
-
-def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: int,
-                  cpus: frozenset[int] | None = None) -> None:
-    pin_this_thread(cpus)  # before any thread starts: they inherit the CPUs
-    _exit_with_parent()
-    import torch
-
-    torch.set_num_threads(threads)
-    _renice(0, nice)
-    outbox.put((READY, os.getpid(), None, 0.0))
-    while (item := inbox.get()) is not None:
-        job_id, snapshot, config = item
-        t0 = time.perf_counter()
-        try:
-            outbox.put((job_id, fn(snapshot, config), None, time.perf_counter() - t0))
-        except Exception:
-            outbox.put((job_id, None, traceback.format_exc(limit=3), time.perf_counter() - t0))
-
-
-class _Process:
-    def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, nice: int,
-                 outbox: Any, cpus: frozenset[int] | None) -> None:
-        self.inbox = ctx.Queue()
-        self.proc = ctx.Process(target=_process_main,
-                                args=(self.inbox, outbox, fn, threads, nice, cpus),
-                                name=f"refresh-worker-{index}", daemon=True)
-        self.proc.start()
-        self.job: Job | None = None
-        self.ready = False
-        """Set when the process says it is up (torch imported): only then is a job handed to
-        it, so a job's `started_at` is when a process really takes it up."""
-
-
-class ProcessWorkers:
-    """`n` worker processes (spawned, so no OpenMP state is forked); one job each at a time.
-
-    A dispatcher thread starts the processes (so building a pool never holds up the step
-    boundary) and hands the most urgent queued job to an idle one that is up (it says so once
-    torch is imported, which takes seconds on a loaded machine); a collector thread receives
-    results and watches the processes: one that died (killed, out of memory) is counted in
-    `deaths`, replaced, and its job queued again. A hung job's process is killed and replaced.
-    """
-
-    kind = "process"
-    REAP_SECONDS = 0.2
-    """How often the collector looks for dead processes."""
-    STOP_SECONDS = 1.0
-    """How long `close` lets the processes exit by themselves before it kills them. Nothing in
-    them outlives the pool (a result that arrived is in its Job; one still running is not
-    wanted), and on a loaded machine a process still importing torch, or tearing it down, would
-    otherwise hold up the end of a run for seconds."""
-
-    def __init__(self, n: int, fn: RefreshFn, threads_per_worker: int = 1, nice: int = 0,
-                 cpus: frozenset[int] | None = None) -> None:
-        self._ctx = mp.get_context("spawn")
-        self._n, self._fn, self._threads, self._nice = n, fn, threads_per_worker, nice
-        self._cpus = cpus
-        self._outbox = self._ctx.Queue()
-        self._queue = _PriorityQueue()
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._ids = itertools.count()
-        self._jobs: dict[int, tuple[Job, _Process]] = {}
-        self._procs: list[_Process] = []
-        self._shared = SharedBuffers()
-        self._holding: dict[int, list[torch.Tensor]] = {}  # job id -> its snapshot's buffers
-        self.deaths = 0
-        """Worker processes that died without being asked to (each replaced, its job requeued)."""
-        self._closing = False
-        self._retiring = False
-        self._dispatcher = threading.Thread(target=self._dispatch, name="refresh-dispatch",
-                                            daemon=True)
-        self._collector = threading.Thread(target=self._collect, name="refresh-collect",
-                                           daemon=True)
-        self._dispatcher.start()
-        self._collector.start()
-
-    def _new_process(self, index: int) -> _Process:
-        return _Process(self._ctx, index, self._fn, self._threads, self._nice, self._outbox,
-                        self._cpus)
-
-    def _start_processes(self) -> None:
-        for index in range(self._n):
-            with self._idle:
-                if self._closing or self._retiring:
-                    return
-                try:
-                    self._procs.append(self._new_process(index))
-                except Exception:  # out of processes or memory: work with fewer
-                    log.exception("could not start refresh worker %d of %d", index + 1, self._n)
-                    return
-                self._idle.notify_all()
-
-    def _dispatch(self) -> None:
-        pin_this_thread(self._cpus)  # it copies snapshots: host work, off the training CPUs
-        self._start_processes()
-        while (job := self._queue.get()) is not None:
-            if job.ready is not None:
-                job.ready.synchronize()  # its host copy, before a process is taken for it
-            snapshot, buffers = self._shared.copy(job.snapshot)
-            with self._idle:
-                while not self._stopped() and self._idle_process() is None:
-                    self._idle.wait()
-                if self._stopped():
-                    return
-                proc = self._idle_process()
-                if job.cancelled:
-                    self._shared.give_back(buffers)
-                    continue
-                job_id = next(self._ids)
-                proc.job = job
-                self._jobs[job_id] = (job, proc)
-                self._holding[job_id] = buffers
-                job.started_at = time.perf_counter()
-                # Under the lock: a retire() or close() that follows sends its stop after this.
-                proc.inbox.put((job_id, snapshot, job.config))
-
-    def _idle_process(self) -> _Process | None:
-        return next((p for p in self._procs if p.ready and p.job is None), None)
-
-    def _stopped(self) -> bool:
-        return self._closing or self._retiring
-
-    def _collect(self) -> None:
-        pin_this_thread(self._cpus)  # it unpickles results: host work, off the training CPUs
-        reaped = time.monotonic()
-        while True:
-            if time.monotonic() - reaped >= self.REAP_SECONDS:
-                self._reap()
-                reaped = time.monotonic()
-            try:
-                item = self._outbox.get(timeout=self.REAP_SECONDS)
-            except queue.Empty:
-                if self._closing or (self._retiring and not self._jobs):
-                    return
-                continue
-            job_id, result, error, _seconds = item
-            if job_id == READY:  # a process is up; `result` is its pid
-                with self._idle:
-                    for proc in self._procs:
-                        proc.ready = proc.ready or proc.proc.pid == result
-                    self._idle.notify_all()
-                continue
-            with self._idle:
-                entry = self._jobs.pop(job_id, None)
-                if entry is None:
-                    continue  # a job abandoned as hung, or requeued: its process was replaced
-                self._done_with(job_id)
-                job, proc = entry
-                proc.job = None
-                self._idle.notify_all()
-            job.result, job.error = result, error
-            job.finished_at = time.perf_counter()
-            job.done.set()
-
-    def _reap(self) -> None:
-        """Replace every process that died unasked, and queue its job again."""
-        with self._idle:
-            if self._stopped():
-                return
-            for index, proc in enumerate(self._procs):
-                if proc.proc.is_alive():
-                    continue
-                self.deaths += 1
-                job = proc.job
-                log.warning("refresh worker %s (pid %s) died with exit code %s%s; starting a "
-                            "new one", proc.proc.name, proc.proc.pid, proc.proc.exitcode,
-                            "; its job is queued again" if job is not None else "")
-                for job_id in [i for i, (_, p) in self._jobs.items() if p is proc]:
-                    del self._jobs[job_id]
-                    self._done_with(job_id)  # its process is gone: nothing reads them now
-                self._procs[index] = self._new_process(index)
-                if job is not None and not job.cancelled:
-                    job.started_at = None
-                    self._queue.put(job)
-                self._idle.notify_all()
-
-    def _done_with(self, job_id: int) -> None:
-        """Job `job_id`'s process no longer reads its snapshot: its buffers can carry another."""
-        self._shared.give_back(self._holding.pop(job_id, []))
-
-    def submit(self, job: Job) -> None:
-        self._queue.put(job)
-
-    def abandon(self, job: Job) -> None:
-        """Cancel a job; if a process is running it, kill that process and start a new one."""
-        job.cancelled = True
-        with self._idle:
-            for job_id, (j, proc) in list(self._jobs.items()):
-                if j is job:
-                    del self._jobs[job_id]
-                    proc.proc.kill()
-                    proc.proc.join(5)
-                    if not proc.proc.is_alive():
-                        self._done_with(job_id)
-                    if not self._stopped():  # a retired pool only winds down
-                        index = self._procs.index(proc)
-                        self._procs[index] = self._new_process(index)
-                    self._idle.notify_all()
-
-    def retire(self) -> None:
-        """Take no more jobs (a policy change replaced this pool): each process exits after the
-        job it is running, whose result still arrives."""
-        with self._idle:
-            self._retiring = True
-            self._idle.notify_all()
-            procs = list(self._procs)
-        self._queue.close()
-        for p in procs:
-            p.inbox.put(None)  # after the job already in its inbox
-
-    @property
-    def size(self) -> int:
-        return self._n
-
-    def busy(self) -> int:
-        with self._lock:
-            return sum(1 for p in self._procs if p.job is not None)
-
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [p.proc.pid for p in self._procs]
-
-    def close(self, timeout: float = STOP_SECONDS) -> list[str]:
-        with self._idle:
-            self._closing = True
-            self._idle.notify_all()
-        self._queue.close()
-        self._dispatcher.join(5)  # no process starts after this
-        for p in self._procs:
-            p.inbox.put(None)
-        self._collector.join(5)  # it ends at its next empty poll, before any process is killed
-        deadline = time.monotonic() + timeout
-        for p in self._procs:
-            p.proc.join(max(0.0, deadline - time.monotonic()))
-        for p in self._procs:
-            if p.proc.is_alive():
-                p.proc.kill()  # still starting, running a refresh no one waits for, or hung
-        left = []
-        for p in self._procs:
-            p.proc.join(5)
-            if p.proc.is_alive():
-                left.append(p.proc.name)
-        return left
 
 
 def make_pool(kind: str, n: int, fn: RefreshFn, threads_per_worker: int, nice: int = 0,

@@ -29,13 +29,13 @@ def test_deferred_releases_go_out_when_deferral_ends_and_change_no_number():
     def boundary(step):
         engine.defer_releases(step % 3 == 0)  # every third boundary holds its releases
         engine.on_boundary(step)
-        due_now = [i for i in engine._held if i.release_step <= opt.num_steps]
+        due_now = [i for i in engine.pacer.held if i.release_step <= opt.num_steps]
         if engine.deferred:
             held_over.extend(due_now)
         else:
             assert not due_now, "a job whose release came was not sent"
         engine.defer_releases(False)
-        assert not [i for i in engine._held if i.release_step <= opt.num_steps]
+        assert not [i for i in engine.pacer.held if i.release_step <= opt.num_steps]
 
     try:
         params = _train(model, opt, batches, boundary)
@@ -71,7 +71,7 @@ def test_the_pause_between_turns_is_no_part_of_the_step_time():
         if step == 6:
             before, resumed = bounds[0]
             # the wall recorded for step 6: at most the turn's own time on both sides
-            assert engine._step_walls[-1] <= before + (time.perf_counter() - resumed)
+            assert engine.meter.step_walls[-1] <= before + (time.perf_counter() - resumed)
 
     try:
         _train(model, opt, batches[:8], boundary)

@@ -108,8 +108,8 @@ def test_slow_worker_staleness_stays_within_bound_and_waits_only_at_swap_steps()
     # The workers are slower than two steps of this tiny problem, so every swap waited, and
     # nothing else did: waits happen exactly at the swap steps s + L + k of the slots k that
     # hold a block, and at step 1, whose first bases are swapped in at once.
-    lead = delay - engine._window(policy.current) + 1
-    used = sorted(set(engine._place(list(engine.blocks), policy.current).values()) or {0})
+    lead = delay - engine.schedule.window(policy.current) + 1
+    used = sorted(set(engine.schedule.place(list(engine.blocks), policy.current).values()) or {0})
     assert due_at[0] == 1
     assert waited_at == [1] + sorted(s + lead + k for s in due_at[1:] for k in used
                                      if s + lead + k <= STEPS)
@@ -260,7 +260,7 @@ def test_pacing_reads_each_block_at_its_release_and_keeps_the_swap_steps(window)
         policy = LivePolicy(Policy(refresh_interval=interval, staleness_bound=delay,
                                    swap_window=window, workers=1, pace=pace))
         engine = RefreshEngine(opt, policy)
-        v = engine._window(policy.current)
+        v = engine.schedule.window(policy.current)
         params, ages = _ages(opt, engine, model, batches)
         runs[pace] = params, [at for at, _ in ages]
         assert ages, "no refresh was swapped in"
@@ -289,7 +289,7 @@ def test_paced_jobs_go_out_over_the_swap_window_by_cost():
         engine.on_boundary(step)
         if due:
             slots = {}
-            for item in engine._held:
+            for item in engine.pacer.held:
                 slots[item.release_step] = (slots.get(item.release_step, 0)
                                             + engine.blocks[item.key].cost)
             held.append((step, slots))
@@ -367,7 +367,7 @@ def test_spread_swaps_train_the_same_numbers_inline_and_on_workers():
         opt = _soap(model)
         engine = RefreshEngine(opt, LivePolicy(Policy(
             refresh_interval=3, staleness_bound=4, swap_delay=4, workers=workers)))
-        assert engine._window(engine.policy.current) > 1  # "auto", fitted to the blocks
+        assert engine.schedule.window(engine.policy.current) > 1  # "auto", fitted to the blocks
         runs[workers] = _swap_steps(opt, engine, batches, model)
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
@@ -401,7 +401,7 @@ def test_a_block_never_swaps_a_newer_refresh_before_an_older_one():
             live.apply_pending(step)
         engine.on_boundary(step)
         for queue_ in engine.outstanding.values():
-            at = [engine._swap_step(item, live.current) for item in queue_]
+            at = [engine.schedule.swap_step(item, live.current) for item in queue_]
             steps.append(at)
             assert at == sorted(at), at
 
@@ -426,9 +426,9 @@ def test_blocks_handed_out_first_are_swapped_first():
     try:
         blocks = engine.blocks
         due = list(blocks)
-        slots = engine._place(due, policy)
-        early = {key: engine._early(key, 1, slots, policy) for key in due}
-        v = engine._window(policy)
+        slots = engine.schedule.place(due, policy)
+        early = {key: engine.schedule.early(key, 1, slots, policy) for key in due}
+        v = engine.schedule.window(policy)
     finally:
         engine.close()
     costs = sorted((b.cost for b in blocks.values()), reverse=True)
@@ -442,7 +442,7 @@ def test_blocks_handed_out_first_are_swapped_first():
         wider = Policy(refresh_interval=10, staleness_bound=10, swap_window=v + 1, workers=1)
         engine = RefreshEngine(opt, LivePolicy(wider))
         try:
-            wide = engine._place(due, wider)
+            wide = engine.schedule.place(due, wider)
         finally:
             engine.close()
         peak = max(sum(blocks[k].cost for k in due if wide[k] == s) for s in range(v + 1))

@@ -6,7 +6,8 @@ import threading
 import time
 
 from asteria_core.policy import Policy
-from asteria_core.refresh.workers import Job, ProcessWorkers, ThreadWorkers
+from asteria_core.refresh.processes import ProcessWorkers
+from asteria_core.refresh.workers import Job, ThreadWorkers
 from asteria_core.train.trainer import Trainer
 from tests.components import missing
 from tests.procs import alive
@@ -75,7 +76,7 @@ def test_training_goes_on_within_two_steps_of_a_worker_process_kill(tiny):
     trainer.runtime.add_listener(records.append)
     try:
         trainer.train(stop_at=30, progress=False)
-        pool = trainer.runtime.refresh._pool
+        pool = trainer.runtime.refresh.workers.pool
         [victim] = pool.pids()
         os.kill(victim, signal.SIGKILL)
         trainer.train(progress=False)
@@ -108,12 +109,12 @@ def test_a_later_policy_change_undoes_an_earlier_process_pool(tiny):
     try:
         trainer.policy.propose({"worker_kind": "process", "workers": 2})
         trainer.train(stop_at=10, progress=False)
-        pool = trainer.runtime.refresh._pool
+        pool = trainer.runtime.refresh.workers.pool
         _wait(lambda: len(pool.pids()) == 2)  # started off the step boundary, one by one
         pids = pool.pids()
         trainer.policy.propose({"worker_kind": "thread", "workers": 1})
         trainer.train(stop_at=20, progress=False)
-        assert trainer.runtime.refresh._pool.kind == "thread"
+        assert trainer.runtime.refresh.workers.pool.kind == "thread"
         _wait(lambda: not any(alive(pid) for pid in pids), timeout=30)
     finally:
         trainer.close()
