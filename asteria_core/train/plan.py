@@ -8,7 +8,7 @@ The refresh cost per block side comes from `refresh_cost` (measured on this host
 and labelled). The arithmetic is the refresh engine's:
 
     round work  W = sum over blocks of one refresh's seconds     (worker-seconds per round)
-    duty(n)     = W / (n x refresh_interval x step_seconds)       (engine.background_load)
+    duty(n)     = W / (n x refresh_interval x step_seconds)       (the records' background_load)
 
 Above 1 the workers cannot keep up: staleness is pinned at S and the step waits (refresh_wait).
 A round is placed on the swap window's V boundaries by cost, each slot's blocks read at its
