@@ -26,11 +26,11 @@ from asteria_core.runtime import Runtime
 from asteria_core.train.checkpoint import load as load_checkpoint
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
+from asteria_core.train.run_lock import RunFolderBusy, RunFolderLock
 from backend.events import Broadcaster
 from backend.live import LiveView
 from backend.recorder import RunRecorder, records_between
 from backend.run_kinds import ActiveRun, AttachedRun, LaunchedRun, RunConflict
-from backend.run_lock import RunFolderBusy, RunFolderLock
 from backend.run_states import RESUMABLE, RunCommand, RunStatus
 from backend.store import RunStore, StoreError
 
