@@ -181,6 +181,7 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
     from asteria_core.tiers import TierFileError
     from asteria_core.train import parallel
     from asteria_core.train.checkpoint import NonFiniteState
+    from asteria_core.train.run_lock import RunFolderBusy
     from asteria_core.train.trainer import Trainer
 
     try:
@@ -198,7 +199,8 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
     except ConfigError as err:  # a run this machine cannot hold (its state, say)
         print(f"asteria: {who}config error: {err}", file=sys.stderr)
         return 2
-    except (OSError, ValueError, TierFileError) as err:  # unreadable, unwritable, too full
+    except (OSError, ValueError, TierFileError, RunFolderBusy) as err:  # unreadable,
+        # unwritable, too full, or another process trains in its folder
         print(f"asteria: {who}cannot start the run: {err}", file=sys.stderr)
         return 1
     run.append(trainer)

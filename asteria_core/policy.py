@@ -160,7 +160,8 @@ class Policy:
         "same either way.")
     failure_limit: int = _int(
         3, 1, MAX_STEPS, "Failure limit",
-        "Consecutive failed refreshes of one block before the run stops with a checkpoint.")
+        "Consecutive failed refreshes of one block before the run stops; nothing is saved on "
+        "the way out, its last good checkpoint stays the one to resume.")
     device_budget_bytes: int = _int(
         0, 0, MAX_BYTES, "Device tier budget (bytes, 0 = no limit)",
         "Bytes of optimizer state allowed on the device tier; 0 means no limit.")

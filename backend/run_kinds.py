@@ -19,9 +19,9 @@ from collections.abc import Callable
 from asteria_core.policy import LivePolicy
 from asteria_core.runtime import Runtime
 from asteria_core.train.config import RunConfig
+from asteria_core.train.run_lock import RunFolderLock
 from asteria_core.train.trainer import Trainer
 from backend.recorder import RunRecorder
-from backend.run_lock import RunFolderLock
 from backend.run_states import RunCommand, RunStatus
 
 log = logging.getLogger(__name__)

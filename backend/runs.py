@@ -23,14 +23,15 @@ from typing import Any
 from asteria_core.autopilot import Autopilot, Proposal
 from asteria_core.policy import LivePolicy, Policy, PolicyBusy, PolicyChange
 from asteria_core.runtime import Runtime
+from asteria_core.train.checkpoint import CHECKPOINT_NAME, good_checkpoints, previous_path
 from asteria_core.train.checkpoint import load as load_checkpoint
 from asteria_core.train.config import RunConfig
 from asteria_core.train.config_io import config_from_dict, config_to_dict
+from asteria_core.train.run_lock import RunFolderBusy, RunFolderLock
 from backend.events import Broadcaster
 from backend.live import LiveView
 from backend.recorder import RunRecorder, records_between
 from backend.run_kinds import ActiveRun, AttachedRun, LaunchedRun, RunConflict
-from backend.run_lock import RunFolderBusy, RunFolderLock
 from backend.run_states import RESUMABLE, RunCommand, RunStatus
 from backend.store import RunStore, StoreError
 
@@ -141,21 +142,23 @@ class RunManager:
                                      folder_lock=folder))
         return self.get(run_id)
 
-    def resume(self, run_id: str) -> dict[str, Any]:
-        """Unpause an active run, or restart a stopped/interrupted one from its checkpoint."""
+    def resume(self, run_id: str) -> tuple[dict[str, Any], str | None]:
+        """Unpause an active run, or restart a stopped/interrupted one from its checkpoint.
+        Also what the caller should know of the checkpoint it restarts from (None: nothing,
+        its newest one is used)."""
         row = self.get(run_id)
         active = self._active
         if active is not None and active.run_id == run_id:
             active.command(RunCommand.RESUME)
-            return self.get(run_id)
+            return self.get(run_id), None
         if row["config"].get("runtime", {}).get("attached"):
             raise RunConflict(f"run {run_id} was attached by a script; resume it from the "
                               "script (the control plane resumes only runs it launched)")
         if row["status"] not in RESUMABLE:
             raise RunConflict(f"run {run_id} is {row['status']}; only "
                               f"{', '.join(RESUMABLE)} runs can be resumed")
-        checkpoint = Path(row["run_dir"] or self.runs_dir / run_id) / "checkpoint.pt"
-        if not checkpoint.is_file():
+        checkpoint = Path(row["run_dir"] or self.runs_dir / run_id) / CHECKPOINT_NAME
+        if not checkpoint.is_file() and not previous_path(checkpoint).is_file():
             raise RunConflict(f"run {run_id} has no checkpoint to resume from")
         config = config_from_dict(row["config"])
         config = dataclasses.replace(
@@ -165,8 +168,9 @@ class RunManager:
             self._check_idle()
             folder = _lock_folder(checkpoint.parent)
             try:
-                # the file names its own step: the store may not have learnt of it yet
-                step = _checkpoint_step(checkpoint)
+                # checked before it is accepted, as the trainer will (a damaged file is never
+                # trained from); the file names its own step: the store may not have learnt it
+                step, note = _usable_checkpoint(run_id, checkpoint)
                 live = self._stored_policy(row, step)
                 self.store.set_status(run_id, RunStatus.RUNNING, checked=True)
             except BaseException:
@@ -174,7 +178,7 @@ class RunManager:
                 raise
             self._launch(LaunchedRun(run_id, config, live, self._recorder(run_id, live),
                                      resume_step=step, folder_lock=folder))
-        return self.get(run_id)
+        return self.get(run_id), note
 
     def _stored_policy(self, row: dict[str, Any], checkpoint_step: int) -> LivePolicy:
         """The policy a resumed run continues under, with every change ever acknowledged: the
@@ -200,11 +204,13 @@ class RunManager:
                          reason=change.reason, version=change.version)
         return live
 
-    def command(self, run_id: str, command: RunCommand) -> dict[str, Any]:
+    def command(self, run_id: str, command: RunCommand) -> tuple[dict[str, Any], str | None]:
+        """The run's row after the command, and a note on how it was carried out (None: as
+        the command says; a resume from an older checkpoint says so)."""
         if command == RunCommand.RESUME:
             return self.resume(run_id)
         self._require_active(run_id).command(command)
-        return self.get(run_id)
+        return self.get(run_id), None
 
     def propose_policy(self, run_id: str, changes: dict[str, Any], client: str) -> PolicyChange:
         """Queue a change for the next step boundary, stored (pending) before it is queued and
@@ -347,6 +353,26 @@ def _lock_folder(folder: Path) -> RunFolderLock:
         return RunFolderLock(folder)
     except RunFolderBusy as err:
         raise RunConflict(str(err)) from None
+
+
+def _usable_checkpoint(run_id: str, path: Path) -> tuple[int, str | None]:
+    """The step a resume from `path` starts at: its newest checkpoint whose checksum holds, or
+    the one kept before it (then a note saying so). RunConflict naming each file when none
+    can be used. The checksums and the steps only: no tensor is read."""
+    good, why = good_checkpoints(path)
+    if not good:
+        raise RunConflict(
+            f"run {run_id} cannot be resumed: no usable checkpoint ({'; '.join(why)}); restore "
+            f"{path} from a copy, or start the run afresh with its config (POST /runs)")
+    step = max(good)
+    if good[step] == path:
+        return step, None
+    note = (f"the run continues from its checkpoint of step {step}, the one kept before the "
+            f"newest ({'; '.join(why) if why else f'{path} is missing'})")
+    if path.is_file():
+        note += f"; a damaged newest file is set aside as {path.name}.damaged, not deleted"
+    log.warning("run %s: %s", run_id, note)
+    return step, note
 
 
 def _checkpoint_step(path: Path) -> int:

@@ -51,6 +51,7 @@ from asteria_core.train.model import GPT
 from asteria_core.train.optimizers import optimizer_from_config
 from asteria_core.train.parallel import Ranks, StopVote
 from asteria_core.train.progress import progress_bar, progress_figures
+from asteria_core.train.run_lock import RunFolderLock
 from asteria_core.train.schedule import build_scheduler
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ class Trainer:
         self._vote: StopVote | None = None
         self.runtime: Runtime | None = None
         self._refresh_fn = refresh_fn
+        self._folder_locks: list[RunFolderLock] = []
+        """The folders this rank trains in, locked against any other process (run_lock)."""
         try:
             self._build(config, run_id, jsonl, reporter, policy, optimizer_factory)
         except BaseException:
@@ -117,7 +120,8 @@ class Trainer:
         resume = None
         self.resumed: resume_choice.Choice | None = None
         """The checkpoint this run resumed, and what was passed over to get to it."""
-        if resume_path is not None:
+        if resume_path is not None:  # its folder is rewritten as the checkpoint is chosen
+            self._lock_folder(parallel.rank_checkpoint(Path(resume_path), ranks).parent)
             self.resumed = resume_choice.choose(Path(resume_path), ranks)
             resume = ckpt.load(self.resumed.path, verified=True)
             parallel.check_resume(resume, self.resumed.path, ranks)
@@ -134,6 +138,7 @@ class Trainer:
         self.rank_dir = parallel.rank_dir(self.run_dir, ranks)
         """Where this rank's own files go: its checkpoint and disk tier (the run folder on
         rank 0)."""
+        self._lock_folder(self.rank_dir)
         if config.train.cpus:  # before any thread is started, so they inherit the CPUs
             os.sched_setaffinity(0, parse_cpu_list("train.cpus", config.train.cpus))
         if config.train.threads:
@@ -294,9 +299,17 @@ class Trainer:
                 self._vote.close()
                 self._vote = None
         finally:
+            while self._folder_locks:
+                self._folder_locks.pop().release()
             if self._owns_group and dist.is_initialized():
                 self._owns_group = False
                 dist.destroy_process_group()
+
+    def _lock_folder(self, folder: Path) -> None:
+        """Each rank locks the folder it writes (its rank folder; rank 0's is the run folder,
+        the one the control plane locks): every rank of a second job on these folders is
+        refused alike, before any collective that would wait for a refused rank."""
+        self._folder_locks.append(RunFolderLock(folder))
 
     # ----------------------------------------------------------------------------- the loop
     def request_stop(self) -> None:

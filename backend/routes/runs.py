@@ -17,7 +17,8 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 COMMAND_DETAIL = {
     RunCommand.STOP: "the run stops at its next step boundary and writes a checkpoint",
     RunCommand.PAUSE: "the run pauses at its next step boundary",
-    RunCommand.RESUME: "the run continues (from its checkpoint if it was not active)",
+    RunCommand.RESUME: "the run continues (from its checkpoint if it was not active; from the "
+                       "one kept before it, saying so, if the newest is damaged)",
     RunCommand.CHECKPOINT: "a checkpoint is written at the next step boundary",
 }
 
@@ -56,15 +57,17 @@ async def get_run(run_id: RunIdPath, manager: Manager, reader: Reader) -> Respon
 
 def _command_route(command: RunCommand) -> None:
     def run_command(run_id: RunIdPath, manager: Manager, _client: Client) -> CommandAccepted:
-        run = RunPublic.model_validate(manager.command(run_id, command))
-        return CommandAccepted(run=run, command=command, detail=COMMAND_DETAIL[command])
+        row, note = manager.command(run_id, command)
+        return CommandAccepted(run=RunPublic.model_validate(row), command=command,
+                               detail=note or COMMAND_DETAIL[command])
 
     router.add_api_route(
         f"/{{run_id}}/{command}", run_command, methods=["POST"],
         status_code=status.HTTP_202_ACCEPTED, name=f"{command}_run",
         summary=f"{command.capitalize()} a run", description=COMMAND_DETAIL[command],
         responses={404: {"description": "no such run"},
-                   409: {"description": "the run's state does not allow this"},
+                   409: {"description": "the run's state does not allow this (a resume: or "
+                                         "no checkpoint of it can be used)"},
                    401: {"description": "missing or wrong token"}})
 
 

@@ -95,7 +95,7 @@ def test_replicas_end_identical_and_only_rank_0_writes_the_run(straight):
     assert {"checkpoint.pt", "checkpoint.prev.pt", "steps.jsonl", "rank1/checkpoint.pt",
             "rank1/checkpoint.prev.pt"} <= files
     assert not [f for f in files if f.startswith("rank1/") and not
-                (f in ("rank1/checkpoint.pt", "rank1/checkpoint.prev.pt") or
+                (f in ("rank1/checkpoint.pt", "rank1/checkpoint.prev.pt", "rank1/.lock") or
                  f.startswith("rank1/tiers/"))], files
     records = steps_of(folder)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))

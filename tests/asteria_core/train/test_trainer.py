@@ -8,6 +8,7 @@ import torch
 
 from asteria_core.telemetry.timing import PHASES
 from asteria_core.train import checkpoint as ckpt
+from asteria_core.train.run_lock import LOCK_NAME
 from asteria_core.train.trainer import Trainer
 from tests.components import missing
 
@@ -108,7 +109,8 @@ def test_crash_mid_write_keeps_the_last_good_checkpoint(tiny):
     with pytest.raises(RuntimeError, match="simulated crash"):
         ckpt.save_atomic(state, path)
     assert path.read_bytes() == good
-    assert [p.name for p in path.parent.iterdir()] == [ckpt.CHECKPOINT_NAME]  # no temp left
+    # no temp left: the checkpoint and the run folder's lock only
+    assert {p.name for p in path.parent.iterdir()} == {ckpt.CHECKPOINT_NAME, LOCK_NAME}
     assert ckpt.load(path)["step"] == 3
 
 
