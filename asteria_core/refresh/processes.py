@@ -22,6 +22,7 @@ import torch
 
 from asteria_core.optim.seam import FactorSnapshot
 from asteria_core.refresh.jobs import Job, PriorityQueue, RefreshFn, pin_this_thread, renice
+from asteria_core.telemetry.energy import count_process
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class _Process:
                                 args=(self.inbox, outbox, fn, threads, nice, cpus),
                                 name=f"refresh-worker-{index}", daemon=True)
         self.proc.start()
+        count_process(self.proc.pid)  # its CPU is the run's, in the host's energy estimate
         self.job: Job | None = None
         self.ready = False
         """Set when the process says it is up (torch imported): only then is a job handed to

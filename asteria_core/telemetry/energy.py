@@ -10,10 +10,10 @@ one wrap (polls must come more often than one wrap period, minutes even at full 
 Linux 5.10, energy_uj is readable by root only; a non-root process gets no RAPL series.
 
 Model: CPU seconds of every process the run started x a configured number of watts per busy
-core: this process (its threads) and its child processes, live ones read from /proc and those
-already reaped from os.times() (a refresh worker process is the run's work: left out, the host's
-share of an optimizer that refreshes on the host would go uncounted). It is an estimate, and is
-only ever exported with source="model".
+core: this process (its threads) and the refresh worker processes, registered as they start
+(`count_process`; left out, the host's share of an optimizer that refreshes on the host would go
+uncounted). Other children of the process are not the run's and are not counted. It is an
+estimate, and is only ever exported with source="model".
 
 Parts: NVML meters the device, RAPL or the model the host (labels.PART_OF_SOURCE). A figure that
 sums energy says which parts and sources it sums (`EnergyParts`), and a comparison between
@@ -80,45 +80,42 @@ class _Rate:
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _children(pid: int) -> list[int]:
-    """Live child processes of `pid` (every thread's, from /proc; empty where unreadable)."""
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return out
+_RUN_PROCESSES: dict[int, tuple[bytes, float]] = {}
+"""pid -> (its start time in /proc, its last CPU seconds read): the processes the run started."""
+_RUN_PROCESSES_LOCK = threading.Lock()
 
 
-def _proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one live process (0 once it is gone)."""
+def count_process(pid: int) -> None:
+    """Count process `pid` (a refresh worker the run started) as the run's own work. Only the
+    processes registered here count: a child a script or a test started for something else
+    (a browser, a server) is not the run's."""
+    stat = _proc_stat(pid)
+    if stat is not None:
+        with _RUN_PROCESSES_LOCK:
+            _RUN_PROCESSES.setdefault(pid, (stat[0], 0.0))
+
+
+def _proc_stat(pid: int) -> tuple[bytes, float] | None:
+    """(start time, user + system CPU seconds) of a live process; None where it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14, 15)
+        return None
+    return fields[19], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # starttime; utime, stime
 
 
 def run_cpu_seconds() -> float:
-    """CPU seconds of this process and every process it started: live descendants from /proc,
-    reaped children from os.times() (a child is in exactly one of the two)."""
-    times = os.times()
-    total = time.process_time() + times.children_user + times.children_system
-    seen, todo = set(), _children(os.getpid())
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += _proc_cpu_seconds(pid)
-        todo.extend(_children(pid))
+    """CPU seconds of this process and of the processes the run started (`count_process`): a
+    live one read from /proc, one that is gone (or whose pid was reused: another start time)
+    at its last reading, so at most one poll's CPU of a worker that ended is missed."""
+    total = time.process_time()
+    with _RUN_PROCESSES_LOCK:
+        for pid, (started, last) in _RUN_PROCESSES.items():
+            stat = _proc_stat(pid)
+            if stat is not None and stat[0] == started and stat[1] > last:
+                _RUN_PROCESSES[pid] = (started, last := stat[1])
+            total += last
     return total
 
 

@@ -403,10 +403,10 @@ class Trainer:
 
 def _non_finite(state: dict) -> str | None:
     """Which part of a checkpoint's state holds a NaN or an infinite value (None: none)."""
-    for part in ("model", "optimizer"):
+    for part, name in (("model", "the model's parameters"), ("optimizer", "the optimizer's state")):
         for t in ckpt.tensors(state[part]):
             if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
-                return "the model's parameters" if part == "model" else "the optimizer's state"
+                return name
     return None
 
 

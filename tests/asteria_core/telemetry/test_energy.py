@@ -19,6 +19,7 @@ from asteria_core.telemetry.energy import (
     EnergyParts,
     ModelMeter,
     RaplMeter,
+    count_process,
     run_cpu_seconds,
 )
 from tests.asteria_core.telemetry.conftest import families, samples, value
@@ -302,22 +303,46 @@ sys.stdin.read()  # alive until the test closes stdin
 """
 
 
-def test_the_estimate_counts_the_cpu_of_processes_the_run_started_alive_and_reaped():
-    """A worker process's CPU is the run's: time.process_time() leaves it out, so an optimizer
-    refreshing in host processes looked free. Real child processes, live then reaped."""
-    meter = ModelMeter(1.0)  # 1 W per busy core: joules == CPU seconds
+def _burner() -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-c", BURN_THEN_WAIT], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "burnt"
+    return child
+
+
+def test_the_estimate_counts_the_cpu_of_processes_the_run_started_alive_and_ended():
+    """A worker process's CPU is the run's: time.process_time() leaves it out, so an optimizer
+    refreshing in host processes looked free. Real child processes, live then ended; a child
+    the run did not start (a browser, a server of a test) is not counted."""
+    meter = ModelMeter(1.0)  # 1 W per busy core: joules == CPU seconds
+    worker, other = _burner(), _burner()
     try:
-        assert child.stdout.readline().strip() == "burnt"
+        count_process(worker.pid)
         alive = meter.joules()
-        assert alive >= 0.4, alive  # the live child's 0.4 s (and more) is counted
+        assert alive >= 0.4, alive  # the live worker's 0.4 s (and more) is counted
+        assert alive < 0.8 + time.process_time(), alive  # the other child's is not
     finally:
-        child.stdin.close()
-        child.wait(timeout=60)
-    reaped = meter.joules()
-    assert reaped >= 0.4 and reaped - alive < 0.4, (alive, reaped)  # counted once, not twice
+        for child in (worker, other):
+            child.stdin.close()
+            child.wait(timeout=60)
+    ended = meter.joules()
+    assert ended >= 0.4 and ended - alive < 0.4, (alive, ended)  # kept once it ended, once
     assert run_cpu_seconds() >= time.process_time()
+
+
+def test_a_process_worker_is_counted_as_the_run_s_own():
+    from asteria_core.optim.seam import refresh_fn
+    from asteria_core.refresh.processes import ProcessWorkers
+    from asteria_core.telemetry import energy
+    before = set(energy._RUN_PROCESSES)
+    pool = ProcessWorkers(1, refresh_fn)  # its dispatcher starts the process
+    try:
+        deadline = time.monotonic() + 120  # a hang guard: spawning imports torch
+        while not set(energy._RUN_PROCESSES) - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(energy._RUN_PROCESSES) - before, "no worker process registered"
+    finally:
+        pool.close()
 
 
 @pytest.mark.gpu
