@@ -50,8 +50,11 @@ class RunFolderLock:
             except BaseException:
                 os.close(fd)
                 raise
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"process {os.getpid()}\n".encode(), 0)
+            try:  # who holds it, for the refusal's message: the flock itself is the lock
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"process {os.getpid()}\n".encode(), 0)
+            except OSError:  # a full disk fails where the run writes, naming its file
+                pass
             _held[key] = [fd, 1]
             self._key = key
 
