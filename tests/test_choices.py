@@ -1,4 +1,4 @@
-"""Choices are types, not strings (issue 25, item 4), checked on the source.
+"""Choices are types, not strings, checked on the source.
 
 Every choice, command and status is a `StrEnum` (the policy's swap mode, worker kind, offload
 mode and queue order; tiers, phases, idle causes, energy sources; refresh methods, moment swaps,

@@ -1,4 +1,4 @@
-"""Dependencies point one way (issue 15), checked on the import graph read from the source.
+"""Dependencies point one way, checked on the import graph read from the source.
 
 Every .py file under asteria/, asteria_core/, asteria_bench/, backend/ and dashboard/ is parsed
 and every import in it is an edge, wherever it is written: at module level, inside a function,

@@ -1,4 +1,4 @@
-"""All-in-memory optimizer state that cannot fit is refused before training (issue 24, item 2).
+"""All-in-memory optimizer state that cannot fit is refused before training.
 
 A SOAP run whose state is planned for memory, next to the model's parameters and gradients,
 beyond the process's memory limit (its memory cgroup's, else MemAvailable) used to start and be

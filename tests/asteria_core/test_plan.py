@@ -1,4 +1,4 @@
-"""`asteria plan` (issue 24, item 5): the blocks and state it plans for are the optimizer's own,
+"""`asteria plan`: the blocks and state it plans for are the optimizer's own,
 the duty and worker arithmetic is the refresh engine's, refresh costs are measured through a
 real worker and cached (what is not measured is labelled an estimate), and the command prints
 a plan or refuses bad input naming the field."""

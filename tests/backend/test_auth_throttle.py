@@ -1,4 +1,4 @@
-"""Wrong tokens are throttled per client (issue 26, item 4): real HTTP against the real app.
+"""Wrong tokens are throttled per client: real HTTP against the real app.
 
 After `auth_failures_burst` wrong tokens within the window, every request of that client that
 carries a token gets 429 with Retry-After, the right token too (so a guess made then tells

@@ -1,4 +1,4 @@
-"""A run that dies because the disk is full is not left `running` (issue 26, item 3), for real:
+"""A run that dies because the disk is full is not left `running`, for real:
 the control plane's run store and its run folders are on two small tmpfs mounted for the test
 (root only), both then filled to their last byte. Two, because a run that dies removes its
 half-written checkpoint: on one file system that frees room the store's status write could use.

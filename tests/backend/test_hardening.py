@@ -1,4 +1,4 @@
-"""Issue 16: no request can take the machine down, and none can make the server read, write or
+"""No request can take the machine down, and none can make the server read, write or
 run what it should not. A real control plane over HTTP, a real SQLite store."""
 
 from __future__ import annotations

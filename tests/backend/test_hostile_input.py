@@ -1,5 +1,4 @@
-"""Input JSON Schema cannot describe, over every route: no 5xx, and a 422 that names the field
-(issue 26, item 1).
+"""Input JSON Schema cannot describe, over every route: no 5xx, and a 422 that names the field.
 
 Python's json module reads NaN, Infinity, -Infinity and 1e400 (as inf) as numbers, and
 "\\ud800" (a lone surrogate) and "\\u0000" into a str: none can be written back as JSON, UTF-8

@@ -1,4 +1,4 @@
-"""A new user's first URLs (issue 26, item 5): the root answers with a page of links that
+"""A new user's first URLs: the root answers with a page of links that
 work, and the API document declares the bearer scheme on exactly the routes that need the
 token, so /docs shows an Authorize button and "Try it out" can send the token."""
 

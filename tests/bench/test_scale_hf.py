@@ -1,4 +1,4 @@
-"""The scale suite's Hugging Face row (issue 24, item 4) in its quick mode: a GPT2LMHeadModel
+"""The scale suite's Hugging Face row in its quick mode: a GPT2LMHeadModel
 built from a config trains through asteria_core.integrations.hf inside HF's Trainer with
 Asteria-SOAP; the row's records, metrics and figures are checked against the run itself (no
 timing thresholds)."""

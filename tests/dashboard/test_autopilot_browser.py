@@ -1,4 +1,4 @@
-"""Issue 28 end to end in headless Chromium: a run whose one worker cannot keep up with its
+"""The autopilot end to end in headless Chromium: a run whose one worker cannot keep up with its
 refreshes (slowed at the seam, tests/asteria_core/refresh/faults.py) gets an interval change from
 its autopilot. The operator sees the proposal and its reason on the Policy page, accepts it
 there, and finds it applied at a boundary: in the audit with client `autopilot` and the reason,

@@ -130,7 +130,7 @@ def overlaps(a: list[float], b: list[float]) -> bool:
 
 
 def test_the_live_view_tells_the_truth(browser, fresh_api, tmp_path):
-    """Issue 18 item 1, on a control plane and dashboard of its own: a SOAP run that evaluates
+    """On a control plane and dashboard of its own: a SOAP run that evaluates
     often (an evaluation runs between a step's end and its record's completion) with the energy
     estimate on; S lowered mid-run, once in the form, then over HTTP with another change at once
     (their markers land a step apart or less); the run paused so the page and the control plane

@@ -1,4 +1,4 @@
-"""The dashboard never hands out the API token (issue 16, item 4).
+"""The dashboard never hands out the API token.
 
 A real control plane, `streamlit run` of the dashboard holding the API token, and headless
 Chromium recording everything it receives: every HTTP response body and every websocket frame.
@@ -6,7 +6,7 @@ The operator watches without signing in, is refused a change, signs in (typing t
 token, by default the API token itself) and changes the policy; the change reaches the control
 plane with the token the dashboard holds, and the token is in nothing the browser received.
 
-Under AppTest (issue 26, item 4): the sign-in hint names the token file without its path, and
+Under AppTest: the sign-in hint names the token file without its path, and
 wrong sign-in tokens are throttled per session (the right one is then refused too, uncompared).
 """
 

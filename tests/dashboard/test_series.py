@@ -146,7 +146,7 @@ def test_power_is_taken_between_meter_readings():
 
 def test_the_dashboard_never_reads_metrics_text():
     """One channel: the dashboard reads step records and the API's JSON, never the
-    Prometheus exposition (issue 25)."""
+    Prometheus exposition."""
     root = Path(series.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):

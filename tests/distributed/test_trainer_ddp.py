@@ -1,4 +1,4 @@
-"""The built-in trainer under torchrun (issue 17): `torchrun -m asteria_core.cli train` (and the
+"""The built-in trainer under torchrun: `torchrun -m asteria_core.cli train` (and the
 `asteria` entry point, `asteria`) trains one data-parallel run on gloo: replicas identical
 at the end, rank 0 alone writing the run's records, a checkpoint per rank at one step, and a
 relaunch of the same command resuming exactly where an uninterrupted run ends."""

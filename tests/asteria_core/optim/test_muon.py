@@ -11,9 +11,10 @@ import torch
 from asteria_core.optim.muon import NS_COEFFICIENTS, Muon, hidden_matrices
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.model import GPT
+from tests.components import missing
 
-pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"),
-                                reason="this torch has no torch.optim.Muon (2.9 and later do)")
+if not hasattr(torch.optim, "Muon"):
+    missing("torch.optim.Muon, the reference Muon is held to (torch 2.9 and later have it)")
 
 
 def small_gpt(dtype: torch.dtype, tie: bool = True) -> GPT:

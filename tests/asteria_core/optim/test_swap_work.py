@@ -1,5 +1,5 @@
 """What a basis swap costs the training thread: the rotation of the first moment and the
-second moment's re-indexing, and no copy of a whole moment besides (issue 24: at GPT-2 small's
+second moment's re-indexing, and no copy of a whole moment besides (at GPT-2 small's
 size the swap step was the slowest of its interval)."""
 
 from __future__ import annotations

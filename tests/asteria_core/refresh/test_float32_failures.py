@@ -1,4 +1,4 @@
-"""float32 decompositions that fail on ill-conditioned factors (issue 24, item 3: the failure most
+"""float32 decompositions that fail on ill-conditioned factors (the failure most
 reported by Shampoo and SOAP users at large dims).
 
 A refresh whose float32 computation fails (the solver raises, or a finite factor gives NaN or

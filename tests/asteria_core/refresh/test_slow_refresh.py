@@ -1,4 +1,4 @@
-"""Refreshes slower than a refresh interval (issue 24, item 3: a 3072- or 8192-wide factor on a
+"""Refreshes slower than a refresh interval (a 3072- or 8192-wide factor on a
 host worker can take longer than the steps between its refreshes).
 
 What must hold, through the runtime and its step records: the staleness a step sees never

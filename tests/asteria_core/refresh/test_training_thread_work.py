@@ -1,4 +1,4 @@
-"""What a swap costs the training thread (issue 24, item 3: what grows with the factor's width).
+"""What a swap costs the training thread (what grows with the factor's width).
 
 A SOAP swap rotates the first moment by Q_old^T Q_new. That (b, b) x (b, b) product is b^3, as
 much as a refresh, and used to run on the training thread at every swap: 0.37 s per 3072-wide

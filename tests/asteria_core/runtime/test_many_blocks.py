@@ -1,4 +1,4 @@
-"""Thousands of preconditioner blocks (issue 24, item 3: per-block telemetry and bookkeeping).
+"""Thousands of preconditioner blocks (per-block telemetry and bookkeeping).
 
 What a model with many blocks must not grow: the metrics' series (no label per block: the
 staleness of every block goes into one histogram), the step record the control plane and the

@@ -1,4 +1,4 @@
-"""A checkpoint streams the optimizer state to disk (issue 24, item 3: checkpoints at 1B).
+"""A checkpoint streams the optimizer state to disk (checkpoints at 1B).
 
 Saving used to read the whole disk tier back into memory first (a second full copy of the
 state a disk tier exists to keep out of memory); at 1B that alone can exceed the memory the run

@@ -1,4 +1,4 @@
-"""A full disk under the disk tier (issue 16, item 8), for real: the run folder and the tier live
+"""A full disk under the disk tier, for real: the run folder and the tier live
 on a small tmpfs mounted for the test (root only), which is then filled to its last byte.
 
 The run stops on the first write that does not fit, and its last good checkpoint stays intact:

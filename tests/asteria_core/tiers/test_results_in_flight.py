@@ -1,5 +1,5 @@
 """Refresh results in flight for blocks whose state lives on disk wait for their swap in files
-of the disk tier, not in memory (issue 24: a 28M-parameter tiered run held ~600 MB of them and
+of the disk tier, not in memory (a 28M-parameter tiered run held ~600 MB of them and
 was killed by its cgroup at step 1), and swap in with the same numbers as results in memory."""
 
 from __future__ import annotations

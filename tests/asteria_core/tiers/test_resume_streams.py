@@ -1,4 +1,4 @@
-"""Resuming streams the optimizer state from the checkpoint (issue 24, item 3: checkpoints at 1B).
+"""Resuming streams the optimizer state from the checkpoint (checkpoints at 1B).
 
 Resume used to read the whole checkpoint into memory (torch.load without mmap) and then place
 the optimizer's state into its tiers: at the moment of loading the state was in memory twice,

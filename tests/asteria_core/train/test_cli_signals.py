@@ -1,4 +1,4 @@
-"""Stops that keep the run (issue 16, item 7): SIGTERM, what orchestrators send first, and
+"""Stops that keep the run: SIGTERM, what orchestrators send first, and
 SIGINT to a run started in the background (which inherits SIGINT ignored) stop `asteria train`
 at a step boundary with a checkpoint of that very step."""
 

@@ -122,7 +122,7 @@ def test_the_model_bound_leaves_out_moments_a_disk_tier_may_hold():
     """A model whose weights, gradients and two fp32 moments pass this machine's memory but
     whose weights and gradients fit is refused all in memory, and accepted for a second-order
     optimizer with a disk tier, whose in-memory share the trainer checks from the tier plan
-    (issue 24: the 1B headline needed a cap above its moments). AdamW keeps its moments."""
+    (the 1B headline needed a cap above its moments). AdamW keeps its moments."""
     from asteria_core.machine import MACHINE
     from asteria_core.train.config import ModelConfig, parameters
 

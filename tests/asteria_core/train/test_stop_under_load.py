@@ -1,4 +1,4 @@
-"""A stop on a loaded machine (issue 18, item 6): `asteria train` gets SIGINT right after its
+"""A stop on a loaded machine: `asteria train` gets SIGINT right after its
 first step, while busy processes take every core, and exits with its checkpoint: AdamW serving
 /metrics (the run that once did not exit within 60 s), and SOAP on worker processes that are
 still starting (the stop used to wait for them to import torch, then again for them to exit).
