@@ -22,7 +22,7 @@ import torch
 
 from asteria_core.optim.seam import FactorSnapshot
 from asteria_core.refresh.jobs import Job, PriorityQueue, RefreshFn, pin_this_thread, renice
-from asteria_core.telemetry.energy import count_process
+from asteria_core.telemetry.energy import count_process, process_cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +105,6 @@ def _process_main(inbox: Any, outbox: Any, fn: RefreshFn, threads: int, nice: in
             outbox.put((job_id, None, traceback.format_exc(limit=3), time.perf_counter() - t0))
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds process `pid` has used, all its threads together (Linux: /proc); None where
-    that cannot be read (another system, or the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 class _Process:
     def __init__(self, ctx: Any, index: int, fn: RefreshFn, threads: int, nice: int,
                  outbox: Any, cpus: frozenset[int] | None) -> None:
@@ -137,7 +126,7 @@ class _Process:
     def took(self, job: Job) -> None:
         """`job` is handed to this process now: its progress is counted from here."""
         self.job = job
-        self._cpu, self._progress_at = cpu_seconds(self.proc.pid), time.perf_counter()
+        self._cpu, self._progress_at = process_cpu_seconds(self.proc.pid), time.perf_counter()
         self.since = self._progress_at
 
     def let_go(self) -> float:
@@ -150,7 +139,7 @@ class _Process:
         """Seconds since this process last used any CPU (since it took its job, at most);
         None where its CPU time cannot be read. A stopped (SIGSTOP) or stuck process stalls; a
         refresh that computes, however slowly, uses CPU."""
-        cpu, now = cpu_seconds(self.proc.pid), time.perf_counter()
+        cpu, now = process_cpu_seconds(self.proc.pid), time.perf_counter()
         if cpu is None or self._cpu is None:
             return None
         if cpu != self._cpu:

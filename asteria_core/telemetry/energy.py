@@ -105,6 +105,13 @@ def _proc_stat(pid: int) -> tuple[bytes, float] | None:
     return fields[19], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # starttime; utime, stime
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process `pid` has used, all its threads together (Linux: /proc); None where
+    that cannot be read (another system, or the process is gone)."""
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
 def run_cpu_seconds() -> float:
     """CPU seconds of this process and of the processes the run started (`count_process`): a
     live one read from /proc, one that is gone (or whose pid was reused: another start time)
