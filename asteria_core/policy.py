@@ -405,9 +405,10 @@ class LivePolicy:
     def apply(self, policy: Policy, version: int, changes: list[PolicyChange],
               step: int) -> list[PolicyChange]:
         """Data-parallel, on every rank at the boundary after `step`: make `policy` (`version`)
-        current from step + 1 on, with `changes` recorded as applied there."""
+        current from step + 1 on, with `changes` recorded as applied there. It leaves the
+        boundary that promises an effective step alone: rank 0 takes this boundary's changes
+        after it (`take_pending`), so a change queued in between is taken now, not next time."""
         with self._lock:
-            self._last_boundary = step
             applied = [dataclasses.replace(c, effective_step=step + 1, applied_at=time.time())
                        for c in changes]
             self._current, self._version = policy, version

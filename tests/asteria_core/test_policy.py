@@ -78,6 +78,20 @@ def test_change_is_versioned_and_applied_at_the_next_boundary():
     assert live.applied_after(2) == []
 
 
+def test_data_parallel_change_is_applied_at_the_step_it_was_promised():
+    """Rank 0 applies what it announced at a boundary, then takes what was queued since: a
+    change queued between the two is taken at this boundary, and its promise says so."""
+    live = LivePolicy(start_step=0)
+    live.apply_after = 2
+    policy, version, taken = live.take_pending(40)
+    live.apply(policy, version, taken, step=41)
+    change = live.propose({"staleness_bound": 3})  # between apply and take at boundary 41
+    policy, version, taken = live.take_pending(41)
+    assert taken == [change]
+    [applied] = live.apply(policy, version, taken, step=42)
+    assert applied.effective_step == change.effective_step == 43
+
+
 def test_changes_queued_together_build_on_each_other():
     live = LivePolicy()
     live.propose({"staleness_bound": 5})
