@@ -16,6 +16,7 @@ schema (and so the dashboard's form) from them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -239,6 +240,11 @@ class LivePolicy:
     own (never given to another change, even if this one is dropped), then the caller stores
     it and `queue`s it for the step boundary, or `drop`s it. One change is staged at a time;
     `propose` does all of it at once for callers that store nothing.
+
+    A change is in force from the step it was promised (`effective_step`), never earlier: one
+    queued again after a restart keeps the step its PATCH answered, so the resumed run trains
+    the steps before it as the first run did. Queued changes apply in version order; a change
+    queued behind one that waits for a later step waits with it.
     """
 
     def __init__(self, initial: Policy | None = None, *, version: int = 1,
@@ -251,13 +257,15 @@ class LivePolicy:
         self._newest_version = version
         self._issued = max(version, issued)
         """The highest version ever given to a change (`issued`: one a store has seen)."""
-        self._staged: tuple[PolicyChange, Policy] | None = None
+        self._staged: tuple[PolicyChange, Policy, int] | None = None
         self._claimed = False
-        self._pending: list[PolicyChange] = []
+        self._pending: list[tuple[PolicyChange, Policy]] = []
+        """Queued changes, each with the policy it makes, their effective steps ascending."""
         self._history: list[PolicyChange] = []
         self._last_boundary = start_step
         self._validators: list[Validator] = []
         self._taken: list[PolicyChange] = []
+        """Rank 0, data-parallel: the changes taken at the last boundary, applied at this one."""
         self.apply_after = 1
         """Boundaries from the next one to the one that applies a queued change: 1 in one
         process; 2 in a data-parallel run (rank 0 takes it at the next boundary, and every rank
@@ -282,21 +290,24 @@ class LivePolicy:
 
     def propose(self, changes: Mapping[str, Any], *, client: str = "local",
                 requested_at: float | None = None, reason: str = "",
-                version: int | None = None) -> PolicyChange:
+                version: int | None = None, not_before: int = 0) -> PolicyChange:
         """Validate `changes` over the newest policy and queue them; raises PolicyError, or
-        PolicyBusy while another change is staged. `requested_at`: when it was asked for, if
-        not now (a change queued again when a run resumes)."""
+        PolicyBusy while another change is staged. `requested_at`, `version`, `not_before`:
+        those a stored change was given (queued again when its run resumes), see `stage`."""
         return self.queue(self.stage(changes, client=client, requested_at=requested_at,
-                                     reason=reason, version=version))
+                                     reason=reason, version=version, not_before=not_before))
 
     def stage(self, changes: Mapping[str, Any], *, client: str = "local",
               requested_at: float | None = None, reason: str = "", wait: float = 0.0,
-              if_newest: int | None = None, version: int | None = None) -> PolicyChange:
+              if_newest: int | None = None, version: int | None = None,
+              not_before: int = 0) -> PolicyChange:
         """Validate `changes` over the newest policy and give the change a new version; it
         is queued by `queue` (or given up by `drop`). Raises PolicyError (invalid), PolicyBusy
         (another change stays staged for more than `wait` seconds), PolicyMoved (`if_newest`
-        given and the newest version is another: a change was queued since). `version`: the
-        one a stored change was given (queued again when its run resumes), above the newest.
+        given and the newest version is another: a change was queued since). `version` and
+        `not_before`: the version and effective step a stored change was given (queued again
+        when its run resumes): the version is above the newest, and the change takes effect
+        from `not_before` or the first step after it that a boundary can still reach.
 
         The validators run with no lock held (one may touch the disk), so a step boundary
         never waits on them; the staged slot keeps other proposals out meanwhile."""
@@ -328,12 +339,18 @@ class LivePolicy:
                 raise ValueError(f"version {version} is not above {self._newest_version}")
             self._issued = self._issued + 1 if version is None else max(self._issued, version)
             change = PolicyChange(version=self._issued if version is None else version,
-                                  effective_step=self._last_boundary + 1 + self.apply_after,
+                                  effective_step=self._first_free_step(not_before),
                                   diff=diff, client=client,
                                   requested_at=time.time() if requested_at is None
                                   else requested_at, reason=reason)
-            self._staged = (change, proposed)
+            self._staged = (change, proposed, not_before)
         return change
+
+    def _first_free_step(self, not_before: int) -> int:
+        """The step a change queued now takes effect from (lock held): the first a boundary
+        can still reach, not before `not_before` nor before the changes queued ahead of it."""
+        ahead = self._pending[-1][0].effective_step if self._pending else 0
+        return max(self._last_boundary + 1 + self.apply_after, ahead, not_before)
 
     def queue(self, change: PolicyChange) -> PolicyChange:
         """Queue the staged `change` for the next step boundary; returns it with the step it
@@ -341,10 +358,11 @@ class LivePolicy:
         with self._lock:
             if self._staged is None or self._staged[0] is not change:
                 raise RuntimeError(f"policy version {change.version} is not the staged change")
-            self._newest, self._newest_version = self._staged[1], change.version
-            change = dataclasses.replace(
-                change, effective_step=self._last_boundary + 1 + self.apply_after)
-            self._pending.append(change)
+            _, policy, not_before = self._staged
+            self._newest, self._newest_version = policy, change.version
+            change = dataclasses.replace(change,
+                                         effective_step=self._first_free_step(not_before))
+            self._pending.append((change, policy))
             self._staged, self._claimed = None, False
             self._slot_free.notify()
         return change
@@ -380,27 +398,37 @@ class LivePolicy:
             raise
         self.queue(change)
 
+    def _due(self, effective_step: int) -> list[tuple[PolicyChange, Policy]]:
+        """Out of the queue (lock held): the changes that take effect by `effective_step`."""
+        due = list(itertools.takewhile(lambda queued: queued[0].effective_step <= effective_step,
+                                       self._pending))
+        self._pending = self._pending[len(due):]
+        return due
+
     def apply_pending(self, step: int) -> list[PolicyChange]:
-        """At the boundary after `step`: make queued changes current, from step + 1 on."""
+        """At the boundary after `step`: make the queued changes due by step + 1 current."""
         with self._lock:
             self._last_boundary = step
-            if not self._pending:
+            due = self._due(step + 1)
+            if not due:
                 return []
             applied = [dataclasses.replace(c, effective_step=step + 1, applied_at=time.time())
-                       for c in self._pending]
-            self._pending = []
-            self._current, self._version = self._newest, self._newest_version
+                       for c, _ in due]
+            self._current, self._version = due[-1][1], due[-1][0].version
             self._history.extend(applied)
         return applied
 
     def take_pending(self, step: int) -> tuple[Policy, int, list[PolicyChange]]:
-        """Data-parallel, on rank 0 at the boundary after `step`: the changes queued so far, out
-        of the queue, with the policy and version they make, for every rank to `apply` at the
-        next boundary (they stay `pending()` until then)."""
+        """Data-parallel, on rank 0 at the boundary after `step`: the changes due by step + 2,
+        out of the queue, with the policy and version they make, for every rank to `apply` at
+        the next boundary (they stay `pending()` until then)."""
         with self._lock:
             self._last_boundary = step
-            self._taken, self._pending = self._pending, []
-            return self._newest, self._newest_version, list(self._taken)
+            due = self._due(step + 2)
+            self._taken = [change for change, _ in due]
+            if not due:
+                return self._current, self._version, []
+            return due[-1][1], due[-1][0].version, list(self._taken)
 
     def apply(self, policy: Policy, version: int, changes: list[PolicyChange],
               step: int) -> list[PolicyChange]:
@@ -435,4 +463,4 @@ class LivePolicy:
 
     def pending(self) -> list[PolicyChange]:
         with self._lock:
-            return [*self._taken, *self._pending]
+            return [*self._taken, *(change for change, _ in self._pending)]

@@ -184,8 +184,9 @@ class RunManager:
         """The policy a resumed run continues under, with every change ever acknowledged: the
         stored policy, plus the changes in the audit that it does not hold yet (a PATCH is
         answered only once its change is stored). Those in force before the checkpoint are
-        folded in; the others are queued again, and take effect from the first step the
-        resumed run trains (`LaunchedRun._train` applies them before building the trainer)."""
+        folded in; the others are queued again for the step each was promised (the resumed
+        run trains the steps before it as the first run did), or the first step it trains if
+        that is later (`LaunchedRun._train` applies those before building the trainer)."""
         policy = Policy(**row["policy"]) if row["policy"] else Policy()
         version, later = row["policy_version"], []
         for change in self.store.policy_changes(row["id"]):
@@ -201,7 +202,8 @@ class RunManager:
         live = LivePolicy(policy, version=version, issued=self.store.issued_version(row["id"]))
         for values, change in later:
             live.propose(values, client=change.client, requested_at=change.requested_at,
-                         reason=change.reason, version=change.version)
+                         reason=change.reason, version=change.version,
+                         not_before=change.effective_step)
         return live
 
     def command(self, run_id: str, command: RunCommand) -> tuple[dict[str, Any], str | None]:
@@ -300,12 +302,14 @@ class RunManager:
 
     def _requeue_acknowledged(self, runtime: Runtime) -> None:
         """Queue again every stored change the resumed runtime does not hold (its checkpoint
-        predates them): a change answered 200 is never lost to a restart."""
+        predates them), for the step it was promised: a change answered 200 is never lost to
+        a restart, nor in force earlier than it said."""
         for change in self.store.policy_changes(runtime.run_id):
             if change.version > runtime.policy.version:
                 runtime.policy.propose({k: new for k, (_, new) in change.diff.items()},
                                        client=change.client, requested_at=change.requested_at,
-                                       reason=change.reason, version=change.version)
+                                       reason=change.reason, version=change.version,
+                                       not_before=change.effective_step)
 
     def detach(self) -> None:
         """End the attached run's connection: finished if its runtime was closed, else

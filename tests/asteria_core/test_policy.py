@@ -92,6 +92,37 @@ def test_data_parallel_change_is_applied_at_the_step_it_was_promised():
     assert applied.effective_step == change.effective_step == 43
 
 
+def test_a_change_queued_again_after_a_restart_keeps_the_step_it_was_promised():
+    """Resumed from a checkpoint of step 20, a change once promised for step 31 is in force
+    from 31, not from the resumed run's first boundary, and one queued behind it waits for it;
+    in one process and in a data-parallel run alike."""
+    live = LivePolicy(start_step=20)
+    again = live.propose({"staleness_bound": 3}, version=2, not_before=31)
+    later = live.propose({"swap_delay": 3})
+    assert (again.effective_step, later.effective_step) == (31, 31)
+    assert all(live.apply_pending(step) == [] for step in range(20, 30))
+    applied = live.apply_pending(30)
+    assert [(c.version, c.effective_step) for c in applied] == [(2, 31), (3, 31)]
+    assert live.current.staleness_bound == 3 and live.current.swap_delay == 3
+
+    ranked = LivePolicy(start_step=20)
+    ranked.apply_after = 2
+    again = ranked.propose({"staleness_bound": 3}, version=2, not_before=31)
+    for step in range(20, 29):
+        assert ranked.take_pending(step)[2] == []
+    policy, version, taken = ranked.take_pending(29)
+    assert taken == [again] and version == 2 and policy.staleness_bound == 3
+    [applied] = ranked.apply(policy, version, taken, step=30)
+    assert applied.effective_step == 31
+
+
+def test_a_change_promised_for_a_step_already_passed_takes_the_first_free_one():
+    live = LivePolicy(start_step=40)
+    change = live.propose({"staleness_bound": 3}, version=2, not_before=31)
+    assert change.effective_step == 42
+    assert [c.effective_step for c in live.apply_pending(41)] == [42]
+
+
 def test_changes_queued_together_build_on_each_other():
     live = LivePolicy()
     live.propose({"staleness_bound": 5})

@@ -96,8 +96,9 @@ def test_a_change_answered_200_survives_kill_9_and_the_resumed_run_applies_it(se
                                                                               tmp_path):
     """A PATCH answered 200 while the run is paused (so no step boundary applies it), then
     SIGKILL: after a restart the change is in the history, and the resumed run trains under it
-    from its first step; steps.jsonl holds each step once although steps after the checkpoint
-    were written before the crash and trained again after it."""
+    from the step its PATCH answered (the steps before it as the first run trained them);
+    steps.jsonl holds each step once although steps after the checkpoint were written before
+    the crash and trained again after it."""
     data_dir, port = tmp_path / "data", free_port()
     proc = _serve(data_dir, port)
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -112,6 +113,8 @@ def test_a_change_answered_200_survives_kill_9_and_the_resumed_run_applies_it(se
         r = httpx.patch(f"{base}/runs/{run_id}/policy", json={"staleness_bound": 3},
                         headers=auth, timeout=60)
         assert r.status_code == 200 and r.json()["version"] == 2, r.text
+        promised = r.json()["effective_step"]
+        assert promised > crashed_at
     finally:
         _kill(proc)
 
@@ -119,25 +122,28 @@ def test_a_change_answered_200_survives_kill_9_and_the_resumed_run_applies_it(se
             base_url=live.url, headers=auth, timeout=60) as c:
         [pending] = c.get(f"/runs/{run_id}/policy/history").json()
         assert pending["version"] == 2 and pending["applied_at"] is None
+        assert pending["effective_step"] == promised
         checkpoint = c.get(f"/runs/{run_id}").json()["checkpoint_step"]
         assert checkpoint < crashed_at  # steps after it were trained, and are trained again
         r = c.post(f"/runs/{run_id}/resume")
         assert r.status_code == 202 and r.json()["run"]["step"] == checkpoint
-        wait_for(lambda: c.get(f"/runs/{run_id}").json()["step"] >= crashed_at + 5, HANG)
+        wait_for(lambda: c.get(f"/runs/{run_id}").json()["step"] >= promised + 5, HANG)
         policy = c.get(f"/runs/{run_id}/policy").json()
         assert policy["version"] == 2 and policy["policy"]["staleness_bound"] == 3
         # the audit rides the record path and the store's batched writer: applied_at lands
         # a flush after the boundary that applied it (steps of this tiny model are faster)
         [change] = wait_for(lambda: (h := c.get(f"/runs/{run_id}/policy/history").json())
                             and h[0]["applied_at"] is not None and h, HANG)
-        assert change["effective_step"] == checkpoint + 1
-        # applied at the resume, asked for before the crash: the audit keeps when it was asked
+        assert change["effective_step"] == promised
+        # applied after the resume, asked for before the crash: the audit keeps when it was asked
         assert change["requested_at"] == pending["requested_at"]
         assert change["applied_at"] > change["requested_at"]
         c.post(f"/runs/{run_id}/stop")
         wait_for(lambda: c.get(f"/runs/{run_id}").json()["status"] == "stopped", HANG)
         steps = c.get(f"/runs/{run_id}/steps", params={"limit": 10000}).json()["steps"]
-        assert {s["policy_version"] for s in steps if s["step"] > checkpoint} == {2}
+        versions = {s["step"]: s["policy_version"] for s in steps}
+        assert {versions[s] for s in range(checkpoint + 1, promised)} == {1}
+        assert {v for s, v in versions.items() if s >= promised} == {2}
         run_dir = Path(c.get(f"/runs/{run_id}").json()["run_dir"])
     lines = (run_dir / "steps.jsonl").read_text().splitlines()
     written = [json.loads(line)["step"] for line in lines]
