@@ -70,9 +70,17 @@ class DataParallel:
             bytes_received=figures.bytes_received + sum(m.bytes_received for m in movers))
 
     def close(self) -> None:
-        if self.exchange is not None:
-            self.exchange.close()
-        self.policy_sync.close()
+        """Complete what every rank posted and release each part's groups: the exchange's
+        thread first (it may still be moving a basis), the policy sync last."""
+        try:
+            if self.exchange is not None:
+                self.exchange.close()
+            if self.rebalancer is not None:
+                self.rebalancer.close()
+            if self.sharded_state is not None:
+                self.sharded_state.close()
+        finally:
+            self.policy_sync.close()
 
 
 def data_parallel(distributed: bool | None) -> bool:

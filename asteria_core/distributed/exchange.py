@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from asteria_core.distributed.process_group import release_group
 from asteria_core.distributed.topology import Topology
 from asteria_core.optim.seam import BlockKey, RefreshResult
 from asteria_core.telemetry.records import DistributedFigures
@@ -72,6 +73,8 @@ class VersionExchange:
         self.bytes_sent = 0
         self.bytes_received = 0
         # new_group is collective: every rank creates every group, in the same order.
+        self._groups: list[dist.ProcessGroup] = []
+        """Every group made, those of one rank included: each is released at `close`."""
         self._local = [self._group(topology.ranks_of(n)) for n in range(topology.nodes)]
         self._leaders = self._group([topology.leader(n) for n in range(topology.nodes)])
         self._queue: queue.Queue[Transfer | None] = queue.Queue()
@@ -79,9 +82,9 @@ class VersionExchange:
         self._thread = threading.Thread(target=self._loop, name="asteria-exchange", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _group(ranks: list[int]):
+    def _group(self, ranks: list[int]) -> dist.ProcessGroup | None:
         group = dist.new_group(ranks, backend="gloo")
+        self._groups.append(group)
         return group if len(ranks) > 1 else None  # a group of one sends nothing
 
     # ------------------------------------------------------------------ refresh.BlockExchange
@@ -109,8 +112,17 @@ class VersionExchange:
                                   bytes_received=self.bytes_received)
 
     def close(self, timeout: float = 30.0) -> None:
+        """End the thread, then release the groups (left alone if the thread is still inside
+        a collective after `timeout`: a peer is gone, and the process exits with it)."""
         self._queue.put(None)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the version exchange did not end within %.0f s; its groups are left "
+                        "to the process's exit", timeout)
+            return
+        self._local, self._leaders = [], None
+        while self._groups:
+            release_group(self._groups.pop())
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:

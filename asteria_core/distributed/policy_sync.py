@@ -19,6 +19,7 @@ import json
 import torch
 import torch.distributed as dist
 
+from asteria_core.distributed.process_group import release_group
 from asteria_core.policy import LivePolicy, Policy, PolicyChange, PolicyError
 from asteria_core.telemetry.labels import IdleCause
 from asteria_core.telemetry.reporter import Reporter
@@ -71,8 +72,8 @@ class PolicySync:
             self.bytes_received += nbytes
 
     def close(self) -> None:
-        """Wait for the last header (every rank posted it), so the group can be torn down; a
-        change announced there is never applied (the run ends before its step)."""
+        """Wait for the last header (every rank posted it), then release the group; a change
+        announced there is never applied (the run ends before its step)."""
         if self._work is not None:
             self._work.wait()
             if int(self._header.item()):
@@ -80,6 +81,8 @@ class PolicySync:
                     torch.empty(int(self._header.item()), dtype=torch.uint8)
                 dist.broadcast(message, src=0, group=self._group)
             self._work = None
+        release_group(self._group)
+        self._group = None
 
 
 def _through_rank_zero(proposed: Policy) -> None:

@@ -14,6 +14,9 @@ TORCHELASTIC_RESTART_COUNT (and the `/worker/attempt_<n>` prefix env:// puts on 
 node's own count: the node whose rank failed counts a restart, a node whose healthy ranks were
 restarted because a peer node rejoined does not, and the ranks would wait under different
 prefixes for peers that never come.
+
+The runtime's side groups are released by their owners when the runtime closes
+(`release_group`), before the default group goes.
 """
 
 from __future__ import annotations
@@ -30,3 +33,14 @@ def init_process_group(backend: str) -> None:
     attempt = store.add(f"asteria/starts/rank{rank}", 1)
     dist.init_process_group(backend, store=dist.PrefixStore(f"asteria/attempt{attempt}/", store),
                             rank=rank, world_size=world)
+
+
+def release_group(group: dist.ProcessGroup | None) -> None:
+    """Tear down a side group now, while the interpreter still runs (its collectives complete:
+    the caller waited for them). A group left to the interpreter's exit is destroyed during
+    finalization, where a gloo thread still unwinding frees its work's tensors and the process
+    aborts ("terminate called without an active exception"). Nothing to do once the default
+    group is gone: destroying it shut every group down."""
+    if group is None or group == dist.GroupMember.NON_GROUP_MEMBER or not dist.is_initialized():
+        return
+    dist.destroy_process_group(group)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from asteria_core.distributed.exchange import VersionExchange
+from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import BlockInfo, BlockKey
 from asteria_core.telemetry.labels import IdleCause
@@ -149,6 +150,14 @@ class Rebalancer:
         self.bytes_sent += 8 * (self.world - 1)
         self.bytes_received += 8 * (self.world - 1)
         self._posted = (work, gathered)
+
+    def close(self) -> None:
+        """Complete the share every rank posted last, then release the group."""
+        if self._posted is not None:
+            self._posted[0].wait()
+            self._posted = None
+        release_group(self._group)
+        self._group = None
 
     def _move(self, owners: dict[BlockKey, int], step: int) -> None:
         """Hand each moved block's factor statistics from its old owner to its new one."""

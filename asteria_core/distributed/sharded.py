@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.base import BlockPreconditioner
 
 UPDATE_DTYPES = {"exact": None, "bf16": torch.bfloat16}
@@ -124,6 +125,11 @@ class ShardedState:
             self.backend = device_backend(device)
             self._group = dist.new_group(backend=self.backend)
         return self._group
+
+    def close(self) -> None:
+        """Release the step group (its broadcasts are synchronous: none is in flight)."""
+        release_group(self._group)
+        self._group = None
 
     @torch.no_grad()
     def after_step(self) -> None:

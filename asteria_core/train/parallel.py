@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from asteria_core.distributed import init_process_group
+from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.registry import spec_of
 from asteria_core.policy import SwapMode
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
@@ -212,9 +213,8 @@ class StopVote:
         if self._pending is not None:
             self._pending[0].wait()
             self._pending = None
-        if self.group is not None:
-            dist.destroy_process_group(self.group)
-            self.group = None
+        release_group(self.group)
+        self.group = None
 
 
 def all_reduce_mean(total: torch.Tensor, count: int, device: torch.device) -> float:

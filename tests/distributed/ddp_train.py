@@ -115,6 +115,7 @@ def main() -> None:
         live = state["runtime"]["policy"]
         policy = asteria.LivePolicy(asteria.Policy(**live["current"]), version=live["version"],
                                     start_step=start)
+    threads_before = threads()  # the runtime's own threads, gloo's included, end at its close
     runtime = asteria.Runtime(opt, model=model, config=asteria.RuntimeConfig(
         policy=policy, refresh_fn=fn, start_step=start, coherence_threshold=args.coherence,
         telemetry=asteria.TelemetryConfig(nvml=False, rapl=False), run_id=f"ddp-rank{rank}",
@@ -126,10 +127,11 @@ def main() -> None:
         if args.autopilot else None))
     records = []
     runtime.add_listener(records.append)
-    metrics_port = None
+    metrics_port, server_threads = None, threads()
     if args.metrics_port >= 0 and world > 1:
         metrics_port = serve_rank_metrics(runtime.telemetry, rank, base_port=args.metrics_port,
                                           targets_dir=Path(args.out) / "targets")
+    server_threads = threads() - server_threads  # the /metrics server outlives the runtime
     share = GLOBAL_BATCH // world
     change, refused = None, None
     for step, (x, y) in enumerate(global_batches(args.steps)):
@@ -160,6 +162,7 @@ def main() -> None:
     factor_bytes = sum(f.numel() * f.element_size() for state in opt.state.values()
                        for dims in state.get("factors", []) if dims is not None for f in dims)
     runtime.close()
+    threads_left = threads() - threads_before - server_threads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / f"rank{rank}.pt")
@@ -192,7 +195,7 @@ def main() -> None:
         "bytes_received": None if exchange is None else exchange.bytes_received,
         "policy_bytes": None if policy_sync is None else
         [policy_sync.bytes_sent, policy_sync.bytes_received],
-        "boundaries": len(records),
+        "boundaries": len(records), "threads_left": threads_left,
         "state_bytes": sum(t.numel() * t.element_size() for state in opt.state.values()
                            for _, t in leaves(state)),
         "stateful_params": sorted(i for i, p in enumerate(model.parameters())
@@ -200,6 +203,11 @@ def main() -> None:
     }))
     if world > 1:
         dist.destroy_process_group()
+
+
+def threads() -> int:
+    """This process's threads, those of C++ (gloo's) included."""
+    return len(os.listdir("/proc/self/task"))
 
 
 if __name__ == "__main__":
