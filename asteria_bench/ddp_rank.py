@@ -16,7 +16,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -241,18 +240,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     if runtime is not None:
-        # Join the refresh workers and the version exchange before the groups go: a thread
-        # left inside a C++ call when the interpreter exits is unwound by force, which aborts
-        # the process ("terminate called without an active exception").
+        # Join the refresh workers and the version exchange and release the runtime's groups
+        # before the default group goes.
         runtime.close()
     dist.destroy_process_group()
-    # The report is written and the groups are gone: skip the interpreter's teardown, where a
-    # rank now and then still aborts ("terminate called without an active exception", a C++
-    # thread destroyed while joinable; its owner is not found yet) and fails a job that
-    # measured fine.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def runtime_figures(runtime, opt, records: list, args, first_round_bytes: int) -> dict:
