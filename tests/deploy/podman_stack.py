@@ -1,14 +1,15 @@
 """The compose stack on podman, as an operator without a Docker engine runs it.
 
-What this machine lacks is made here: podman, debootstrap and runc from apt (as root), the
-podman-compose command from PyPI, and the base images Docker Hub would serve. Where a registry
-answers, its images are pulled; where not, local stand-ins are built from Debian's packages:
-`python:3.11-slim` from a debootstrap of bookworm (tagged with the official name, so the
-project's unchanged `FROM python:3.11-slim` builds on it) and Prometheus from Debian's
-`prometheus` package (under a name of its own, given to the compose service by an override
-file). The project's image is built from its Dockerfile with pip's settings of this machine
-passed as the Dockerfile's (empty by default) build arguments. Podman's own image store keeps
-the base images and the build's layers between runs; a fresh machine builds them all.
+What this machine lacks is made here: podman, debootstrap and runc from apt (as root), with the
+name server of podman's network backend (without it a service cannot reach another by its name,
+as compose services do), the podman-compose command from PyPI, and the base images Docker Hub
+would serve. Where a registry answers, its images are pulled; where not, local stand-ins are
+built from Debian's packages: `python:3.11-slim` from a debootstrap of bookworm (tagged with the
+official name, so the project's unchanged `FROM python:3.11-slim` builds on it) and Prometheus
+from Debian's `prometheus` package (under a name of its own, given to the compose service by an
+override file). The project's image is built from its Dockerfile with pip's settings of this
+machine passed as the Dockerfile's (empty by default) build arguments. Podman's own image store
+keeps the base images and the build's layers between runs; a fresh machine builds them all.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def lacking() -> str | None:
         failed = apt.install("--no-install-recommends", *absent, "ca-certificates")
         if failed:
             return failed
+    name_server = network_name_server()
+    if name_server is not None:
+        if not apt.can_install():
+            return f"{name_server} (names on podman's networks) is not installed, and " \
+                   "apt-get needs root"
+        failed = apt.install("--no-install-recommends", name_server)
+        if failed:
+            return failed
     if compose_command() is None:
         done = run([sys.executable, "-m", "pip", "install", PODMAN_COMPOSE], check=False,
                    timeout=600)
@@ -71,6 +80,18 @@ def lacking() -> str | None:
         CONTAINERS_CONF.parent.mkdir(parents=True, exist_ok=True)
         CONTAINERS_CONF.write_text(ULIMITS_CONF)
     return None
+
+
+def network_name_server() -> str | None:
+    """The Debian package that resolves container names on podman's networks for its backend
+    (CNI: the dnsname plugin; netavark: aardvark-dns), if it is missing; None if present."""
+    backend = run(["podman", "info", "--format", "{{.Host.NetworkBackend}}"],
+                  timeout=60).stdout.strip()
+    if backend == "cni":
+        present = Path("/usr/lib/cni/dnsname").exists()
+        return None if present else "golang-github-containernetworking-plugin-dnsname"
+    present = shutil.which("aardvark-dns", path="/usr/lib/podman:/usr/libexec/podman") is not None
+    return None if present else "aardvark-dns"
 
 
 def compose_command() -> list[str] | None:
