@@ -92,9 +92,10 @@ def part_command(part: str, device: str, size: str, out: Path) -> list[str]:
     if part == "machine":
         return [py, __file__, "--machine", "--device", device, "--out", str(out)]
     if part == "gpu-tests":
-        # -n 2 as the project's pytest settings ask; the gpu tests share the one device.
+        # One process (-n 0): the gpu tests share the one device, and two xdist workers
+        # would each collect the whole suite to find them (twice the collection time).
         return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
-                "-n", "2", "--junitxml", str(out / "gpu-tests.xml"), "tests"]
+                "-n", "0", "--junitxml", str(out / "gpu-tests.xml"), "tests"]
     return [py, __file__, "--suite", part, "--device", device, "--size", size, "--out",
             str(out)]
 

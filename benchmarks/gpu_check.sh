@@ -21,11 +21,11 @@
 # the 8 minutes allow less):
 #   install (pip, packages mostly present)   ~ 60 s   (--offline: ~ 10 s)
 #   machine                                  ~ 10 s
-#   gpu-tests (pytest -m gpu, -n 2)          ~ 60 s   (collection ~20 s, ~10 CUDA tests)
+#   gpu-tests (pytest -m gpu, -n 0)          ~ 45 s   (collection ~15 s, ~10 CUDA tests)
 #   critical-path (5 configs x 30 steps)     ~ 90 s
 #   staleness (3 bounds x 30 steps)          ~ 60 s
 #   tiers (3 budgets, quick stack, dd)       ~ 60 s
-#   total                                    ~ 5.7 min, under the 8-minute budget
+#   total                                    ~ 5.4 min, under the 8-minute budget
 set -euo pipefail
 
 device=cuda
