@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from asteria_core.compat import StrEnum
-from asteria_core.fields import AUTO, Kind, Setting, choice, problems, setting, settings_of
+from asteria_core.fields import (
+    AUTO,
+    AutoOrInt,
+    Kind,
+    Setting,
+    choice,
+    problems,
+    setting,
+    settings_of,
+)
 from asteria_core.machine import MACHINE
 
 PLANNED_DUTY = 0.8
@@ -106,14 +115,14 @@ class Policy:
     staleness_bound: int = _int(
         10, 0, MAX_STEPS, "Staleness bound S (steps)",
         "S: the most steps a basis in use may lag the statistics it was computed from.")
-    swap_delay: int | str = _auto_or_int(
+    swap_delay: AutoOrInt = _auto_or_int(
         AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
         "d <= S: in deterministic mode a round that falls due at step t is swapped in by t + d "
         "(over t + d - swap window + 1 .. t + d, see swap_window); a block's first basis at "
         "once, as the references do. "
         '"auto" follows the staleness bound (d = S, read at each boundary), which gives the '
         "swap window the most steps to spread a round over.")
-    swap_window: int | str = _auto_or_int(
+    swap_window: AutoOrInt = _auto_or_int(
         AUTO, 1, MAX_STEPS, 'Swap window V (steps; "auto" fits the blocks)',
         "Deterministic mode: a round due at t is placed on V = min(this, d) boundaries by "
         "refresh cost; a block in slot k is read and handed to the workers at t + k (with "
