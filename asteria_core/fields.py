@@ -20,13 +20,11 @@ import math
 import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any
 
 from asteria_core.compat import StrEnum
 
-AUTO: Final = "auto"
-AutoOrInt = int | Literal["auto"]
-"""The value of an AUTO_OR_INT setting."""
+AUTO = "auto"
 _KEY = "setting"  # the metadata key a field's Setting lives under
 
 

@@ -25,16 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asteria_core.compat import StrEnum
-from asteria_core.fields import (
-    AUTO,
-    AutoOrInt,
-    Kind,
-    Setting,
-    choice,
-    problems,
-    setting,
-    settings_of,
-)
+from asteria_core.fields import AUTO, Kind, Setting, choice, problems, setting, settings_of
 from asteria_core.machine import MACHINE
 
 PLANNED_DUTY = 0.8
@@ -115,14 +106,14 @@ class Policy:
     staleness_bound: int = _int(
         10, 0, MAX_STEPS, "Staleness bound S (steps)",
         "S: the most steps a basis in use may lag the statistics it was computed from.")
-    swap_delay: AutoOrInt = _auto_or_int(
+    swap_delay: int | str = _auto_or_int(
         AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
         "d <= S: in deterministic mode a round that falls due at step t is swapped in by t + d "
         "(over t + d - swap window + 1 .. t + d, see swap_window); a block's first basis at "
         "once, as the references do. "
         '"auto" follows the staleness bound (d = S, read at each boundary), which gives the '
         "swap window the most steps to spread a round over.")
-    swap_window: AutoOrInt = _auto_or_int(
+    swap_window: int | str = _auto_or_int(
         AUTO, 1, MAX_STEPS, 'Swap window V (steps; "auto" fits the blocks)',
         "Deterministic mode: a round due at t is placed on V = min(this, d) boundaries by "
         "refresh cost; a block in slot k is read and handed to the workers at t + k (with "
@@ -187,7 +178,8 @@ class Policy:
     def __post_init__(self) -> None:
         for name, problem in problems(self):  # types, ranges and choices, from each setting
             raise PolicyError(name, problem)
-        if self.swap_delay != AUTO and self.swap_delay > self.staleness_bound:
+        # Valid now (above): "auto" or an integer.
+        if isinstance(self.swap_delay, int) and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
         if self.worker_kind == WorkerKind.PROCESS and self.workers > MACHINE.max_process_workers:
@@ -201,7 +193,10 @@ class Policy:
     @property
     def delay(self) -> int:
         """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
-        return self.staleness_bound if self.swap_delay == AUTO else self.swap_delay
+        if self.swap_delay == AUTO:
+            return self.staleness_bound
+        assert isinstance(self.swap_delay, int)  # "auto" or an integer
+        return self.swap_delay
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

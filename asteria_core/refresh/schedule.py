@@ -15,7 +15,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from asteria_core.fields import AUTO, AutoOrInt
+from asteria_core.fields import AUTO
 from asteria_core.policy import PLANNED_DUTY, Priority, SwapMode
 
 MAX_AUTO_WINDOW = 256
@@ -43,7 +43,7 @@ def _peak(costs: Sequence[float], slots: int) -> float:
     return max(load)
 
 
-def swap_window(delay: int, window: AutoOrInt, interval: int, costs: Sequence[float]) -> int:
+def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[float]) -> int:
     """V for swap delay d = `delay`: `window` (at most d, at least 1); "auto", the widest
     V <= min(d, interval) whose lead L = d - V + 1 is at least the steps its busiest slot takes
     on workers loaded as planned (`costs`, each block's refresh cost, in queue order): workers
@@ -53,6 +53,7 @@ def swap_window(delay: int, window: AutoOrInt, interval: int, costs: Sequence[fl
     workers with no headroom at all would turn 1% over into a lead twice as long); a few
     blocks that are most of the round give a longer lead, since each alone takes that long."""
     if window != AUTO:
+        assert isinstance(window, int)  # "auto" or an integer
         return max(1, min(window, delay))
     widest = max(1, min(delay, interval, MAX_AUTO_WINDOW))
     total = sum(costs)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asteria_core.fields import AUTO, AutoOrInt
+from asteria_core.fields import AUTO
 from asteria_core.machine import MACHINE, Machine
 from asteria_core.optim.base import BlockPreconditioner
 from asteria_core.optim.seam import RefreshConfig
@@ -187,7 +187,7 @@ def check_inputs(step_seconds: float, interval: int, bound: int, headroom: float
 
 def predict(sizes: Sequence[int], cost: RefreshCost | Mapping[int, float], *,
             step_seconds: float, interval: int, bound: int, delay: int | None = None,
-            spread: AutoOrInt | None = None, headroom: float = HEADROOM) -> Prediction:
+            spread: int | str | None = None, headroom: float = HEADROOM) -> Prediction:
     """The refresh work and worker count of blocks of sides `sizes` at `step_seconds` a step
     (pure: `cost` maps a block side to one refresh's seconds, or is a `RefreshCost`)."""
     check_inputs(step_seconds, interval, bound, headroom)
