@@ -3,7 +3,8 @@ from enum import Enum
 
 from typing_extensions import Self
 
-class StrEnum(str, Enum):
+# An enum base with no members of its own, which mypy flags in any stub but its enum module.
+class StrEnum(str, Enum):  # type: ignore[misc]
     def __new__(cls, value: str) -> Self: ...
     @property
     def value(self) -> str: ...
