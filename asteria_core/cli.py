@@ -99,7 +99,7 @@ def to_toml(config: RunConfig) -> str:
     return "\n".join(lines)
 
 
-def _stop_on_signals(stop: Callable[[], None]) -> tuple[list[int], dict]:
+def _stop_on_signals(stop: Callable[[], object]) -> tuple[list[int], dict]:
     """SIGINT and SIGTERM (what orchestrators send first) call `stop`: the run stops at its next
     step boundary, which checkpoints; a second one ends the process at once (the last checkpoint
     stays). Installed explicitly: a run started in the background from a script inherits an

@@ -102,7 +102,11 @@ class Setting:
                 return isinstance(value, str) and value in self.choices
             case Kind.BOOL:
                 return isinstance(value, bool)
-        return isinstance(value, str) and self.min_length <= len(value) <= self.max_length
+        if not isinstance(value, str):
+            return False
+        if self.max_length is None:
+            raise TypeError(f"setting {self.name!r}: a string setting needs its max_length")
+        return self.min_length <= len(value) <= self.max_length
 
     def problem(self, value: Any) -> str | None:
         """None when `value` is valid, else "got ...; allowed: ..." (the value shortened by
@@ -114,8 +118,11 @@ class Setting:
     def _within(self, value: float) -> bool:
         if value in self.also:
             return True
-        above = self.minimum < value if self.lo_open else self.minimum <= value
-        below = value < self.maximum if self.hi_open else value <= self.maximum
+        low, high = self.minimum, self.maximum
+        if low is None or high is None:
+            raise TypeError(f"setting {self.name!r}: a number setting needs both bounds")
+        above = low < value if self.lo_open else low <= value
+        below = value < high if self.hi_open else value <= high
         return above and below
 
 

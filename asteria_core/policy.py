@@ -178,7 +178,8 @@ class Policy:
     def __post_init__(self) -> None:
         for name, problem in problems(self):  # types, ranges and choices, from each setting
             raise PolicyError(name, problem)
-        if self.swap_delay != AUTO and self.swap_delay > self.staleness_bound:
+        # Valid now (above): "auto" or an integer.
+        if isinstance(self.swap_delay, int) and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
                                             f"staleness_bound ({self.staleness_bound})")
         if self.worker_kind == WorkerKind.PROCESS and self.workers > MACHINE.max_process_workers:
@@ -192,7 +193,10 @@ class Policy:
     @property
     def delay(self) -> int:
         """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
-        return self.staleness_bound if self.swap_delay == AUTO else self.swap_delay
+        if self.swap_delay == AUTO:
+            return self.staleness_bound
+        assert isinstance(self.swap_delay, int)  # "auto" or an integer
+        return self.swap_delay
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -74,7 +74,7 @@ class ErrorResponse(JSONResponse):
         return super().render(json_safe(jsonable_encoder(content)))
 
 
-def _error(code: int, loc: list[str], msg: str, kind: str) -> JSONResponse:
+def _error(code: int, loc: list[int | str], msg: str, kind: str) -> JSONResponse:
     return ErrorResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=code)
 
 
@@ -87,7 +87,7 @@ def _routes(app: FastAPI) -> list[BaseRoute]:
     return [*app.router.routes, *(r for m in API_MODULES for r in m.router.routes)]
 
 
-def _allowed_methods(app: FastAPI, scope: dict) -> list[str]:
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     """Every method any route serves at this path (Starlette lists only the first route's)."""
     scope = {**scope, "root_path": scope.get("app_root_path", "")}  # inside a mount: the app's
     methods: set[str] = set()
@@ -116,7 +116,8 @@ class TokenFirst:
     the API accepts (and make it parse their bytes)."""
 
     def __init__(self, app: ASGIApp, routes: Callable[[], list[BaseRoute]]) -> None:
-        self.app, self._routes, self._guarded = app, routes, None
+        self.app, self._routes = app, routes
+        self._guarded: list[BaseRoute] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
@@ -211,6 +212,7 @@ def _install_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
+        assert app.openapi_url is not None  # FastAPI's default: the app serves its document
         return get_swagger_ui_html(
             openapi_url=app.openapi_url, title=f"{app.title} - API docs",
             swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",

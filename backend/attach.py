@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -58,7 +59,7 @@ def serve(runtime: Runtime, *, host: str | None = None, port: int | None = None,
     """Start the control plane attached to `runtime`; returns once it answers. Settings come
     from the environment (ASTERIA_*) like `asteria serve`'s; `host`, `port` and `data_dir`
     override them (port 0 picks a free port). `total_steps` is shown as the run's length."""
-    overrides = {"host": host, "port": port, "data_dir": data_dir}
+    overrides: dict[str, Any] = {"host": host, "port": port, "data_dir": data_dir}
     settings = settings or Settings(**{k: v for k, v in overrides.items() if v is not None})
     settings = settings.model_copy(update={"start_default_run": False})
     app = create_app(settings, attach=runtime, total_steps=total_steps)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from asteria_core import cli as core
 from asteria_core.train.config import RunConfig
@@ -15,7 +16,7 @@ from asteria_core.train.config import RunConfig
 # critical path, long enough to watch and steer, with periodic checkpoints. On a machine without
 # a measured energy source the energy figures are a labelled estimate (CPU seconds x 15 W).
 # A config file or an override changes any of it (e.g. --optim.name adamw).
-SERVED_RUN = {
+SERVED_RUN: dict[str, dict[str, Any]] = {
     "optim": {"name": "soap", "lr": 1e-2},
     "policy": {"workers": 1},
     "train": {"steps": 3000, "checkpoint_interval": 100},

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -61,7 +62,7 @@ def setting_type(setting: Setting) -> Any:
     """The strict pydantic type of one setting: no true for 1, no "5" for 5, numbers finite, no
     NUL in a string; bounds, choices and lengths as the setting states them."""
     low = min((setting.minimum, *setting.also)) if setting.minimum is not None else None
-    bounds = {"gt" if setting.lo_open and not setting.also else "ge": low,
+    bounds: dict[str, Any] = {"gt" if setting.lo_open and not setting.also else "ge": low,
               "lt" if setting.hi_open else "le": setting.maximum}
     match setting.kind:
         case Kind.INT:
@@ -85,8 +86,9 @@ def setting_type(setting: Setting) -> Any:
 
 def section_model(cls: type) -> type[BaseModel]:
     """Every key of one config section, optional (omitted keys take the default shown)."""
-    fields = {s.name: (setting_type(s), Field(default=s.default, description=s.help))
-              for s in settings_of(cls)}
+    fields: dict[str, Any] = {
+        s.name: (setting_type(s), Field(default=s.default, description=s.help))
+        for s in settings_of(cls)}
     # Unknown keys pass through to config_from_dict, whose 422 lists the allowed keys; the
     # document still says there are none.
     config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
@@ -98,7 +100,7 @@ def run_config_model(policy_model: type[BaseModel]) -> type[BaseModel]:
     """The `config` of POST /runs: one optional object per section of `RunConfig`; the policy
     section takes `policy_model` (its fields are described by `Policy`, not by docstrings)."""
     hints = typing.get_type_hints(RunConfig)
-    sections = {}
+    sections: dict[str, Any] = {}
     for f in dataclasses.fields(RunConfig):
         cls = hints[f.name]
         model = policy_model if cls is Policy else section_model(cls)
@@ -127,7 +129,7 @@ def _setting_at(loc: tuple | list) -> tuple[str, Setting] | None:
     return None
 
 
-def in_settings_words(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def in_settings_words(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Request validation errors, each one about a setting's value given the message a config
     file or the command line gets for it ("optim.lr: got -1; allowed: a number in (0.0, 10.0]"):
     the key and the whole allowed range, where pydantic names one bound only."""

@@ -42,7 +42,9 @@ class LiveReadFastLane:
     @staticmethod
     def _answer(scope: Scope) -> bytes | None:
         manager = getattr(scope["app"].state, "manager", None)
-        active = manager.active() if manager is not None else None
+        if manager is None:
+            return None
+        active = manager.active()
         if active is None:
             return None
         prefix = f"/runs/{active.run_id}"

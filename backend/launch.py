@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import httpx
 
@@ -50,6 +51,9 @@ from asteria_core.train.config import RunConfig
 from asteria_core.train.progress import progress_bar, progress_figures
 from backend.run_states import ACTIVE, RESUMABLE
 from backend.settings import Settings
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 DASHBOARD_PORT = 8501
 READY_SECONDS = 180.0
@@ -130,7 +134,9 @@ class Progress:
     plane's own, on the same terminal) stand above it instead of inside it."""
 
     def __init__(self, api: str, data_dir: Path | None = None, draw: bool = True) -> None:
-        self.api, self.run, self.since, self.total, self.bar = api, None, 0, 0, None
+        self.api, self.since, self.total = api, 0, 0
+        self.run: str | None = None
+        self.bar: tqdm[NoReturn] | None = None
         self.draw = draw
         """False (--no-progress): no bar, but a run's end is still announced."""
         self.data_dir, self.loss = data_dir, None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import PurePath
-from typing import Any
+from typing import Any, overload
 
 from asteria_core.autopilot import AUTOPILOT
 from asteria_core.policy import PolicyChange
@@ -27,6 +27,10 @@ def _name(value: Any) -> Any:
     return PurePath(value).name if isinstance(value, str) and value else value
 
 
+@overload
+def policy(values: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def policy(values: None) -> None: ...
 def policy(values: dict[str, Any] | None) -> dict[str, Any] | None:
     if not values or "disk_dir" not in values:
         return values

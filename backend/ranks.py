@@ -318,10 +318,10 @@ def _entry(rank: int, source: str, address: str | None, parsed: Parsed | None,
             error = f"wrong run: it serves run {parsed.run_id!r}, not {run_id!r}"
         elif parsed.rank is not None and parsed.rank != rank:
             error = f"wrong rank: it serves rank {parsed.rank}'s figures"
-    ok = parsed is not None and error is None
-    return RankPublic(rank=rank, node=parsed.node if ok else None, source=source,
-                      address=address, reachable=ok, error=error,
-                      figures=parsed.figures if ok else None)
+    shown = parsed if error is None else None
+    return RankPublic(rank=rank, node=shown.node if shown is not None else None, source=source,
+                      address=address, reachable=shown is not None, error=error,
+                      figures=shown.figures if shown is not None else None)
 
 
 class RankScraper:

@@ -43,13 +43,20 @@ class RunRecorder:
     def created(self, **fields: Any) -> None:
         """The run's row exists in the store: the live view starts from it (`fields` update it:
         status, step, policy_version)."""
-        self.live = LiveView(self.store.get_run(self.run_id), window=self.window)
+        row = self.store.get_run(self.run_id)
+        assert row is not None  # created before its recorder
+        self.live = LiveView(row, window=self.window)
         self.live.update(**fields)
+
+    def _live(self) -> LiveView:
+        """The live view, once `created` made it (every other method runs after)."""
+        assert self.live is not None
+        return self.live
 
     def record(self, record: StepRecord) -> None:
         text = json.dumps(record.to_dict())  # once, for the store, the live view and SSE
         self.store.add_step(self.run_id, record.step, text)
-        self.live.add_step(record.step, text)
+        self._live().add_step(record.step, text)
         self.events.publish(Event("step", self.run_id, text=text))
         self.audit()
 
@@ -65,16 +72,16 @@ class RunRecorder:
             self.events.publish(Event("policy", self.run_id, event))
         self._audited = applied[-1].version
         self.store.set_policy(self.run_id, self.policy.current.to_dict(), self.policy.version)
-        self.live.update(policy_version=self.policy.version)
+        self._live().update(policy_version=self.policy.version)
 
     def checkpointed(self, step: int) -> None:
         self.store.set_checkpoint(self.run_id, step)
-        self.live.update(checkpoint_step=step)
+        self._live().update(checkpoint_step=step)
 
     def status(self, status: RunStatus) -> None:
         """Paused or running again, while the run stays active."""
         self.store.set_status(self.run_id, status)
-        self.live.update(status=status)
+        self._live().update(status=status)
         self.events.publish(Event("status", self.run_id, {"status": status}))
 
     def ended(self, status: RunStatus, error: str | None = None) -> None:
@@ -103,7 +110,7 @@ class RunRecorder:
                                      records_between(steps_file, after=stored, until=step))
         self.store.drop_steps_after(self.run_id, step)
         self.store.set_checkpoint(self.run_id, step)
-        self.live.update(step=step, checkpoint_step=step)
+        self._live().update(step=step, checkpoint_step=step)
 
 
 def records_between(path: Path, *, after: int, until: int) -> list[tuple[int, str]]:

@@ -64,6 +64,9 @@ class ActiveRun:
     def _checkpoint(self) -> None:
         raise NotImplementedError  # an attached run refuses CHECKPOINT in `command`
 
+    def shutdown(self, timeout: float) -> None:
+        raise NotImplementedError  # a launched run's (an attached one is detached instead)
+
     def _drain(self) -> None:
         """Between steps: run queued commands; while paused, wait here for the next one."""
         while True:
@@ -83,6 +86,7 @@ class ActiveRun:
                 case RunCommand.CHECKPOINT:
                     self._checkpoint()
                 case RunCommand.STOP:
+                    assert self.runtime is not None  # commands run between its steps
                     self.runtime.request_stop()
                     self.paused = False
                     return
@@ -122,6 +126,7 @@ class LaunchedRun(ActiveRun):
             self.thread.join(timeout)
 
     def _checkpoint(self) -> None:
+        assert self.trainer is not None  # commands run between its steps
         self.trainer.save_checkpoint()
 
     def _train(self, bound: RunCallback, ended: RunCallback) -> None:
@@ -171,6 +176,7 @@ class AttachedRun(ActiveRun):
         training is not touched). Returns the status stored."""
         self.unbind()
         runtime = self.runtime
+        assert runtime is not None  # bound at construction
         status = RunStatus.FINISHED if runtime.closed and not runtime.stop_requested \
             else RunStatus.STOPPED
         self.recorder.ended(status)

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asteria_core.autopilot import Autopilot, Proposal
 from asteria_core.policy import LivePolicy, Policy, PolicyBusy, PolicyChange
@@ -34,6 +34,9 @@ from backend.recorder import RunRecorder, records_between
 from backend.run_kinds import ActiveRun, AttachedRun, LaunchedRun, RunConflict
 from backend.run_states import RESUMABLE, RunCommand, RunStatus
 from backend.store import RunStore, StoreError
+
+if TYPE_CHECKING:
+    from asteria_core.telemetry.core import Telemetry
 
 log = logging.getLogger(__name__)
 SLOT_WAIT_SECONDS = 0.5
@@ -57,7 +60,7 @@ class RunManager:
         self.runs_dir = runs_dir
         self._lock = threading.Lock()
         self._active: ActiveRun | None = None
-        self.last_telemetry = None
+        self.last_telemetry: Telemetry | None = None
         """The telemetry of the newest run, kept after it ends so /metrics keeps its final
         values (Prometheus and Grafana would otherwise go blank between runs)."""
         self._learn_checkpoints()
@@ -188,7 +191,8 @@ class RunManager:
         run trains the steps before it as the first run did), or the first step it trains if
         that is later (`LaunchedRun._train` applies those before building the trainer)."""
         policy = Policy(**row["policy"]) if row["policy"] else Policy()
-        version, later = row["policy_version"], []
+        version = row["policy_version"]
+        later: list[tuple[dict[str, Any], PolicyChange]] = []
         for change in self.store.policy_changes(row["id"]):
             if change.version <= version:
                 continue
@@ -338,12 +342,15 @@ class RunManager:
     def _launch(self, run: LaunchedRun) -> None:
         run.recorder.created(status=RunStatus.RUNNING, policy_version=run.policy.version)
         if run.resume_step is not None:  # the records after it are trained again
-            run.recorder.live.update(step=run.resume_step)
+            live = run.recorder.live
+            assert live is not None  # made by created()
+            live.update(step=run.resume_step)
         self._active = run
         run.start(bound=self._bound, ended=self._ended)
 
     def _bound(self, run: ActiveRun) -> None:
         """A launched run's trainer is built: /metrics follows its telemetry."""
+        assert run.runtime is not None  # bound before this callback
         self.last_telemetry = run.runtime.telemetry
 
     def _ended(self, run: ActiveRun) -> None:

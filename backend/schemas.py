@@ -8,7 +8,7 @@ follows it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -40,7 +40,7 @@ def policy_update_model(fields: Iterable[Setting] | None = None, *,
     values); else a run's initial policy (omitted fields take the default shown).
     """
     fields = policy_fields() if fields is None else tuple(fields)
-    model_fields = {
+    model_fields: dict[str, Any] = {
         f.name: (setting_type(f), Field(
             default=None, title=f.title, description=f.help,
             json_schema_extra=_no_default if patch else {"default": f.default}))
@@ -48,7 +48,7 @@ def policy_update_model(fields: Iterable[Setting] | None = None, *,
     if patch:
         about = ("A partial policy: only the fields to change (at least one). The change is "
                  "validated whole against the policy it applies to: " + CROSS_FIELD_RULES + ".")
-        extra = {"minProperties": 1, "not": NO_WORKERLESS_OPPORTUNISM}
+        extra: dict[str, Any] = {"minProperties": 1, "not": NO_WORKERLESS_OPPORTUNISM}
     else:
         about = "Initial policy fields; omitted fields take their defaults."
         extra = {"not": NO_WORKERLESS_OPPORTUNISM}
@@ -56,10 +56,16 @@ def policy_update_model(fields: Iterable[Setting] | None = None, *,
     return create_model(name, __config__=config, __doc__=about, **model_fields)
 
 
-PolicyUpdate = policy_update_model()
-"""The PATCH body of /runs/{id}/policy; dump it with exclude_unset (null is not a value)."""
-RunPolicy = policy_update_model(name="RunPolicy", patch=False)
-RunConfigSections = run_config_model(RunPolicy)
+# Models built at import from the descriptions: to mypy, a model like any other.
+if TYPE_CHECKING:
+    PolicyUpdate: TypeAlias = BaseModel
+    RunPolicy: TypeAlias = BaseModel
+    RunConfigSections: TypeAlias = BaseModel
+else:
+    PolicyUpdate = policy_update_model()
+    """The PATCH body of /runs/{id}/policy; dump it with exclude_unset (null is not a value)."""
+    RunPolicy = policy_update_model(name="RunPolicy", patch=False)
+    RunConfigSections = run_config_model(RunPolicy)
 
 
 class RunCreate(BaseModel):

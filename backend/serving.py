@@ -89,7 +89,9 @@ def uvicorn_config(app: Any, settings: Settings, **kwargs: Any) -> uvicorn.Confi
     proxies = settings.trusted_proxies
     return uvicorn.Config(app, host=settings.host, port=settings.port, http=protocol,
                           h11_max_incomplete_event_size=settings.max_header_bytes,
-                          timeout_keep_alive=settings.keep_alive_seconds,
+                          # uvicorn annotates an int; it passes the seconds to a timer, which
+                          # takes a float.
+                          timeout_keep_alive=settings.keep_alive_seconds,  # type: ignore[arg-type]
                           proxy_headers=bool(proxies),
                           forwarded_allow_ips=",".join(proxies) if proxies else None,
                           **kwargs)

@@ -55,6 +55,7 @@ def _bound_problem(name: str, bound: Any) -> tuple[str, str] | None:
         return None
     if not isinstance(bound, list | tuple) or len(bound) != 2:
         return name, f"got {bound!r}; allowed: [low, high]"
+    assert spec.minimum is not None and spec.maximum is not None  # an integer field's range
     for i, item in enumerate(bound):
         if not (isinstance(item, int) and not isinstance(item, bool)
                 and spec.minimum <= item <= spec.maximum):

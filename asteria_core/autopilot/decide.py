@@ -61,7 +61,7 @@ BEHIND_WAIT = 0.02  # share of step time waited for refreshes
 TIER_WAIT = 0.05  # share of step time waited for a slower tier
 SYNC_WAIT = 0.05  # share of step time waited for another rank (ranks drift a little anyway)
 EARLY_SWAP_DUTY = 0.5
-SPARE_DUTY = {Objective.TIME: 0.3, Objective.ENERGY: 0.5}
+SPARE_DUTY: dict[str, float] = {Objective.TIME: 0.3, Objective.ENERGY: 0.5}
 URGENT_WAIT = 0.1  # share of step time waited (any cause) that is read over a shorter window
 FIRST_READ = 2  # the first record a decision reads before any change: step 1 has first bases
 
@@ -218,7 +218,8 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     bound, delay = policy["staleness_bound"], _delay(policy)
     if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
         return move
-    if s.latency_at_lead and (s.latency > s.lead or waits) and (duty is None or duty <= 1.0) \
+    if s.latency_at_lead and s.latency is not None and s.lead is not None \
+            and (s.latency > s.lead or waits) and (duty is None or duty <= 1.0) \
             and (move := _longer_lead(s, policy, config, held)):
         return move
     need = (duty or 1.0) / TARGET_DUTY  # how much more time or capacity the work needs
@@ -276,6 +277,7 @@ def _longer_lead(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     more, at least), from a narrower swap window; where d is too short for that lead even at
     V = 1, a larger S (d follows it on "auto"): by V - 1 more for an explicit V, by the
     interval - 1 for "auto" (it may widen up to min(d, interval) as d grows)."""
+    assert s.latency is not None and s.lead is not None  # latency_at_lead
     delay, lead = _delay(policy), max(s.latency, s.lead + 1)
     narrower = delay - lead + 1
     if narrower >= 1 and (move := _move(policy, "swap_window", narrower, config, held)):

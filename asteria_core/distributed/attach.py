@@ -63,6 +63,7 @@ class DataParallel:
         """The record's `distributed` section at a boundary: every byte the runtime's
         collectives moved (bases and headers, the policy sync)."""
         figures = self.exchange.figures() if self.exchange is not None else self.own
+        assert figures is not None  # `own` counts them where there is no exchange
         movers = [m for m in (self.policy_sync, self.sharded_state, self.rebalancer)
                   if m is not None]
         return dataclasses.replace(

@@ -159,6 +159,7 @@ class VersionExchange:
             item.error = item.error or f"refresh of block {tuple(item.key)} failed on its " \
                                        f"owner, rank {item.owner}"
         elif mine:
+            assert result is not None  # sent (the header's ok)
             for t in (result.basis, result.perm, result.transport):
                 if t is not None:
                     self._broadcast(t.contiguous(), item.owner)
@@ -177,7 +178,9 @@ class VersionExchange:
         item.done.set()
 
     def _wait_outcome(self, item: Transfer) -> Outcome:
-        while (outcome := item.outcome()) is None:
+        poll = item.outcome
+        assert poll is not None  # the owner's transfer, which carries its outcome
+        while (outcome := poll()) is None:
             time.sleep(POLL_SECONDS)
         return outcome
 

@@ -46,7 +46,7 @@ class PolicySync:
     def at_boundary(self, step: int) -> list[PolicyChange]:
         """The policy stage of the step boundary: apply what rank 0 announced at the last
         boundary, then announce this boundary's changes. Returns the changes applied now."""
-        applied = []
+        applied: list[PolicyChange] = []
         if self._work is not None:
             with self.reporter.wait(IdleCause.SYNC_WAIT):
                 self._work.wait()

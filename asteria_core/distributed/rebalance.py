@@ -99,7 +99,7 @@ class Rebalancer:
         self._group = dist.new_group(backend="gloo")  # collective: every rank, same order
         self._last = (0.0, 0.0)
         self._rates = [math.nan] * self.world
-        self._posted: tuple[object, list[torch.Tensor]] | None = None
+        self._posted: tuple[dist.Work, list[torch.Tensor]] | None = None
         self._since = 0
         self._owners_from_state()
 

@@ -96,7 +96,7 @@ class ShardedState:
                             "with update_dtype exact they must share a dtype")
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._group = None
+        self._group: dist.ProcessGroup | None = None
         """Made at the first step, over the device's backend (`step_group`)."""
         self.backend: str | None = None
         self._before: list[torch.Tensor] = []

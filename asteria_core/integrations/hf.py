@@ -131,6 +131,7 @@ class AsteriaCallback(TrainerCallback):
 
     def _before_save(self, control) -> None:
         if control.should_save:  # the checkpoint then holds the outstanding refreshes
+            assert self.runtime is not None  # set by on_train_begin
             self.runtime.settle()
 
     def on_log(self, args, state, control, logs=None, **kwargs):

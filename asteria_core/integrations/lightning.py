@@ -86,7 +86,8 @@ class AsteriaCallback(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        runtime = self.runtime
+        runtime, figures = self.runtime, self.figures
+        assert runtime is not None and figures is not None  # set by on_train_start
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):
             self._losses.append(loss.detach().float().mean())
@@ -97,8 +98,8 @@ class AsteriaCallback(pl.Callback):
         if record is not None:
             if record.loss is None and self._losses:
                 runtime.log(loss=torch.stack(self._losses).sum())
-            self.figures.add(record)
-            pl_module.log_dict(self.figures.flush(), on_step=True, on_epoch=False)
+            figures.add(record)
+            pl_module.log_dict(figures.flush(), on_step=True, on_epoch=False)
         self._losses = []
         if runtime.stop_requested:
             trainer.should_stop = True
@@ -106,11 +107,13 @@ class AsteriaCallback(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         value = trainer.callback_metrics.get(self.eval_metric)
         if self._open and not trainer.sanity_checking and value is not None:
+            assert self.runtime is not None  # open: set by on_train_start
             self.runtime.log(eval_loss=value)
 
     def state_dict(self) -> dict[str, Any]:
         if not self._open:
             return {}
+        assert self.runtime is not None  # open: set by on_train_start
         self.runtime.settle()  # so the optimizer state saved next holds outstanding refreshes
         return self.runtime.state_dict()
 
@@ -124,4 +127,5 @@ class AsteriaCallback(pl.Callback):
     def _close(self) -> None:
         if self._open:
             self._open = False
+            assert self.runtime is not None  # open: set by on_train_start
             self.runtime.close()

@@ -13,7 +13,7 @@ a runtime reads `due_blocks()` after each step and drives the seam itself.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -136,7 +136,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         tensor (copy on write). An entry goes when its tensor dies, before its id can be reused."""
         self.residency: Residency | None = None
         """Set by a tier store: state may live off the device between uses (see Residency)."""
-        self.keeps_factor = None
+        self.keeps_factor: Callable[[BlockKey], bool] | None = None
         """Set by a data-parallel runtime to `key -> bool`: this rank holds and updates only the
         factor statistics of the blocks it refreshes (their owner); the others' factors are
         empty placeholders. None: every factor is kept (one process)."""
@@ -216,8 +216,8 @@ class BlockPreconditioner(torch.optim.Optimizer):
         now = self._num_steps
         ready = sorted((item for item in self._pending if item[0] <= now), key=lambda i: i[0])
         self._pending = [item for item in self._pending if item[0] > now]
-        for _, result in ready:
-            self.apply_refresh(result.key, result)
+        for _, ready_result in ready:
+            self.apply_refresh(ready_result.key, ready_result)
         self._due = tuple(due)
         if self.external_refresh:
             return
@@ -355,13 +355,17 @@ class BlockPreconditioner(torch.optim.Optimizer):
         parameter took its first step)."""
         p, _, _ = self._locate(key)
         state = self.state.get(p)
-        return bool(state) and state[FACTORS][key.dim][key.chunk].numel() > 0
+        if not state:
+            return False
+        return state[FACTORS][key.dim][key.chunk].numel() > 0
 
     def factor_like(self, key: BlockKey) -> torch.Tensor:
         """An uninitialised CPU tensor shaped as block `key`'s factor statistics (to receive
         them): (b, b), or b (b + 1) / 2 values when the optimizer packs them."""
         p, group, layout = self._locate(key)
-        b = layout.chunks[key.dim][key.chunk]
+        sizes = layout.chunks[key.dim]
+        assert sizes is not None  # a refresh block's dim (_locate)
+        b = sizes[key.chunk]
         like = self._block_state(p, key)[FACTORS][key.dim][key.chunk]
         shape = (b * (b + 1) // 2,) if group.get("pack_factors") else (b, b)
         return torch.empty(shape, dtype=like.dtype)
@@ -435,11 +439,19 @@ class BlockPreconditioner(torch.optim.Optimizer):
     def _keeps(self, dim: int, chunk: int | None = None) -> bool:
         """Whether this rank keeps the factor of block (stepping parameter, dim, chunk); with
         chunk None, of any block of that dim (else the dim's factor work can be skipped)."""
-        if self.keeps_factor is None:
+        keeps, stepping = self.keeps_factor, self._stepping
+        if keeps is None:
             return True
-        layout = self._layouts[self._stepping][1]  # laid out before its math runs
-        chunks = range(len(layout.chunks[dim])) if chunk is None else (chunk,)
-        return any(self.keeps_factor(BlockKey(self._stepping, dim, c)) for c in chunks)
+        assert stepping is not None  # called from a parameter's per-step math
+        layout = self._layouts[stepping][1]  # laid out before its math runs
+        chunks: Sequence[int]
+        if chunk is None:
+            sizes = layout.chunks[dim]
+            assert sizes is not None  # a preconditioned dim
+            chunks = range(len(sizes))
+        else:
+            chunks = (chunk,)
+        return any(keeps(BlockKey(stepping, dim, c)) for c in chunks)
 
     def _factor_out(self, blocks: list[torch.Tensor], chunk: int) -> torch.Tensor | None:
         """Where an update of factor `blocks[chunk]` writes its result: in place, or into a new
@@ -495,8 +507,8 @@ class BlockPreconditioner(torch.optim.Optimizer):
             raise KeyError(f"{key}: no parameter with index {key.param}")
         p, group = found
         layout = self._layout(key.param, p, group)
-        if (key.dim >= len(layout.chunks) or layout.chunks[key.dim] is None
-                or not 0 <= key.chunk < len(layout.chunks[key.dim])):
+        sizes = layout.chunks[key.dim] if key.dim < len(layout.chunks) else None
+        if sizes is None or not 0 <= key.chunk < len(sizes):
             raise KeyError(f"{key} is not a refresh block (layout {layout})")
         return p, group, layout
 
@@ -521,7 +533,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         """Zero factors (an empty placeholder where another rank keeps the factor; `packed`:
         the upper triangle only), identity bases, version 0 and no stats step for every
         block."""
-        kw = {"dtype": like.dtype, "device": like.device}
+        kw: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
 
         def factor(b: int) -> torch.Tensor:
             return torch.zeros(b * (b + 1) // 2, **kw) if packed else torch.zeros(b, b, **kw)
@@ -541,6 +553,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         several only the chunk is written, in place, so a swap costs the chunk's size, not the
         whole parameter's per block."""
         sizes = layout.chunks[key.dim]
+        assert sizes is not None  # a refresh block's dim
         if len(sizes) == 1:
             self._install(key.param, state, name, fn(state[name]))
             return

@@ -83,7 +83,9 @@ def hidden_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     model has it, as Hugging Face models do; else its last nn.Linear). A tied head is the
     embedding's own tensor, so it is left out either way."""
     skip = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # Hugging Face's method; torch's stubs type an unknown Module attribute as Tensor | Module.
+    output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = output_embeddings() if output_embeddings is not None else None
     if head is None:
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         head = linears[-1] if linears else None
@@ -93,7 +95,7 @@ def hidden_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
             if p.requires_grad and p.dim() == 2 and id(p) not in skip]
 
 
-def _check(name: str, value: float, ok: bool, allowed: str) -> None:
+def _check(name: str, value: object, ok: bool, allowed: str) -> None:
     if not ok:
         raise ValueError(f"{name}: got {value!r}; allowed: {allowed}")
 
@@ -222,8 +224,10 @@ def _split(params: Iterable, hidden: set[int] | None, adamw_lr: float) -> list[d
     """The groups with `use_muon` set: a group that does not say is split in two (Muon's part
     first, so param_groups[0] is Muon's where there is one)."""
     given = list(params)
-    groups = given if given and isinstance(given[0], dict) else [{"params": given}]
-    muon, rest = [], []
+    groups: list[dict[str, Any]] = \
+        given if given and isinstance(given[0], dict) else [{"params": given}]
+    muon: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
     for group in groups:
         group = dict(group)
         members = [group["params"]] if isinstance(group["params"], torch.Tensor) \

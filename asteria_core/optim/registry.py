@@ -82,7 +82,7 @@ def _muon(params: list, *, lr: float, betas: tuple[float, float], eps: float,
     return Muon(params, lr=lr, adamw_betas=betas, adamw_eps=eps, **options)
 
 
-def _eigenbasis(cls: type[torch.optim.Optimizer]) -> Build:
+def _eigenbasis(cls: Callable[..., torch.optim.Optimizer]) -> Build:
     def build(params: list, *, lr: float, betas: tuple[float, float], eps: float,
               refresh_interval: int, **options: Any) -> torch.optim.Optimizer:
         return cls(params, lr=lr, betas=betas, eps=eps,

@@ -15,6 +15,7 @@ import time
 from asteria_core.policy import Policy, SwapMode
 from asteria_core.refresh.outstanding import Outstanding
 from asteria_core.refresh.schedule import share_out
+from asteria_core.refresh.workers import Job
 
 
 class Pacer:
@@ -43,11 +44,11 @@ class Pacer:
         engine = self.engine
         for item in items:
             if item.first:  # in the order they are swapped: results wait for it the least
-                item.job.priority = (item.since, engine.schedule.position(item.key))
+                _job(item).priority = (item.since, engine.schedule.position(item.key))
                 item.released = t
-                engine.workers.pool.submit(item.job)
+                engine.workers.pool.submit(_job(item))
         items = sorted((item for item in items if not item.first),
-                       key=lambda item: item.job.priority)
+                       key=lambda item: _job(item).priority)
         window = 1
         if policy.pace and policy.swap_mode == SwapMode.OPPORTUNISTIC:
             window = max(1, min(policy.staleness_bound, policy.refresh_interval))
@@ -60,8 +61,9 @@ class Pacer:
         A worker still busy with an earlier boundary's jobs takes them before a later one's,
         however expensive: the order the swap window was filled in."""
         item.release_step = release
-        since, tie = item.job.priority
-        item.job.priority = (since, release, tie)
+        job = _job(item)
+        since, tie = job.priority
+        job.priority = (since, release, tie)
         self.held[item] = None
 
     def drop(self, item: Outstanding) -> None:
@@ -72,7 +74,8 @@ class Pacer:
     def release(self, t: int) -> None:
         if self.holding:
             return
-        for item in [i for i in self.held if i.release_step <= t]:
+        for item in [i for i in self.held
+                     if i.release_step is not None and i.release_step <= t]:
             self.dispatch(item)
 
     def dispatch(self, item: Outstanding) -> None:
@@ -80,7 +83,7 @@ class Pacer:
         the workers, or with none is computed here (and staged when its swap is later)."""
         engine = self.engine
         self.drop(item)
-        job = item.job
+        job = _job(item)
         if job.snapshot is None:
             engine.read(job, item.key)
         job.submitted_at = time.perf_counter()
@@ -92,3 +95,9 @@ class Pacer:
         engine.run_inline(item, job)
         if engine.schedule.swap_step(item, engine.policy.current) > engine.opt.num_steps:
             engine.staging.stage(item)
+
+
+def _job(item: Outstanding) -> Job:
+    """The job of an item this rank refreshes itself (held by pacing, or released)."""
+    assert item.job is not None
+    return item.job

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -48,6 +48,10 @@ class SharedBuffers:
             return snapshot, []  # not the optimizer's (a test's own job): nothing to protect
         held: list[torch.Tensor] = []
 
+        @overload
+        def shared(t: torch.Tensor) -> torch.Tensor: ...
+        @overload
+        def shared(t: None) -> None: ...
         def shared(t: torch.Tensor | None) -> torch.Tensor | None:
             if t is None:
                 return None
@@ -221,6 +225,7 @@ class ProcessWorkers:
                 if self._stopped():
                     return
                 proc = self._idle_process()
+                assert proc is not None  # waited for above, under the same lock
                 if job.cancelled:
                     self._shared.give_back(buffers)
                     continue

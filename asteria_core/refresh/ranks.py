@@ -48,6 +48,7 @@ class RankExchange:
         """Another rank's result, waited for (sync_wait) if it has not arrived by its swap."""
         engine = self.engine
         delivery = item.delivery
+        assert delivery is not None  # another rank's block: it delivers the result
         if not delivery.done.is_set():
             t0 = time.perf_counter()
             with engine.reporter.wait(IdleCause.SYNC_WAIT):

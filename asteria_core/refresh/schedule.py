@@ -53,6 +53,7 @@ def swap_window(delay: int, window: int | str, interval: int, costs: Sequence[fl
     workers with no headroom at all would turn 1% over into a lead twice as long); a few
     blocks that are most of the round give a longer lead, since each alone takes that long."""
     if window != AUTO:
+        assert isinstance(window, int)  # "auto" or an integer
         return max(1, min(window, delay))
     widest = max(1, min(delay, interval, MAX_AUTO_WINDOW))
     total = sum(costs)

@@ -95,6 +95,7 @@ class Swaps:
             e.work_seconds += seconds
         if ok:
             result = item.result
+            assert result is not None  # ok
             if e.exchange is not None and result.rotation is not None:
                 # The other ranks receive no rotation and compute it at their swap: so does
                 # the owner, so every replica multiplies the same way (same bits).

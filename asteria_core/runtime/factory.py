@@ -69,15 +69,17 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
         names = trackers if isinstance(trackers, str) else ",".join(trackers)
         telemetry = dataclasses.replace(telemetry or TelemetryConfig(), trackers=names)
     live = policy if isinstance(policy, LivePolicy) else LivePolicy(policy or Policy())
-    is_module = isinstance(model, torch.nn.Module)
-    if is_module:
-        params = decay_groups(model, weight_decay)
-        options = {**spec_of(name).model_options(model), **options}
+    module: torch.nn.Module | None = None
+    params: Iterable[Any]
+    if isinstance(model, torch.nn.Module):
+        module = model
+        params = decay_groups(module, weight_decay)
+        options = {**spec_of(name).model_options(module), **options}
     else:  # the groups' own weight_decay, where given, wins over this default
         params, options["weight_decay"] = model, weight_decay
     opt = build_optimizer(name, params, lr=lr, refresh_interval=live.current.refresh_interval,
                           **options)
-    Runtime(opt, model=model if is_module else None,
+    Runtime(opt, model=module,
             config=RuntimeConfig(policy=live, telemetry=telemetry, reporter=reporter,
                                  run_id=run_id, run_dir=run_dir, records=records,
                                  optimizer_name=name, coherence_threshold=coherence_threshold,

@@ -86,15 +86,16 @@ class StepInProgress:
         else:
             self._figures.update(figures)
 
-    def build(self, step: int, phases: dict[str, float], wall: float, timing: TimingFigures,
-              sections: dict[str, Any]) -> StepRecord:
+    def build(self, step: int, phases: dict[str, float], wall: float,
+              timing: TimingFigures | None, sections: dict[str, Any]) -> StepRecord:
         """The step's record, from its figures and the boundary's sections; it stays open."""
         record = StepRecord(step=step, time=time.time(), loss=None, lr=self._lr,
                             tokens=self._tokens, step_seconds=wall, phase_seconds=phases,
                             policy_version=self._version, timing=timing, **sections)
-        if self._losses:  # the mean over the step's forwards
+        if self._losses:  # the mean over the step's forwards, a tensor until `complete`
             losses = self._losses
-            record.loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+            put(record, {"loss": losses[0] if len(losses) == 1 else torch.stack(losses).mean()},
+                keep_tensors=True)
         put(record, self._figures, keep_tensors=True)
         self._figures = {}
         self.pending = record

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -59,6 +59,9 @@ from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_repo
 from asteria_core.telemetry.timing import PhaseTimer
 from asteria_core.telemetry.trackers import Tracker, open_trackers
 from asteria_core.tiers import TierStore
+
+if TYPE_CHECKING:
+    from asteria_core.telemetry.core import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,9 @@ class Runtime:
         self.timer = PhaseTimer(self.device)
         self.reporter: RunReporter = config.reporter if config.reporter is not None else \
             make_reporter(config.telemetry or TelemetryConfig())
-        self.telemetry = None if isinstance(self.reporter, NullReporter) else self.reporter
+        # Any reporter but the null one is the Telemetry that exports the run's metrics.
+        self.telemetry = None if isinstance(self.reporter, NullReporter) else \
+            cast("Telemetry", self.reporter)
         """The reporter when it exports metrics (`.exposition()`, `.serve()`), else None."""
         self.reporter.bind(self.timer, device=self.device, run_id=self.run_id,
                            optimizer=self.optimizer_name)
@@ -122,6 +127,7 @@ class Runtime:
             self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
             if config.rebalance_rounds > 0 and self.exchange is not None:
                 engine, rounds = self.refresh, config.rebalance_rounds
+                assert self.data_parallel is not None  # it holds the exchange
                 self.data_parallel.rebalancer = Rebalancer(
                     optimizer, self.exchange,
                     lambda: (engine.computed_seconds, engine.computed_cost), self.reporter,
@@ -149,7 +155,8 @@ class Runtime:
         """The step boundary's stages, in order (runtime/boundary.py)."""
         self._step = StepInProgress()
         self._hooks = self.hooks_type(self.timer, self, optimizer, model)
-        optimizer.runtime = self
+        # torch's Optimizer declares no `runtime`: the attribute is this runtime's own.
+        optimizer.runtime = self  # type: ignore[attr-defined]
 
     # ----------------------------------------------------------------- what a loop calls
     def phase(self, name: str) -> AbstractContextManager[None]:
@@ -233,7 +240,7 @@ class Runtime:
         self._closed = True
         try:
             self.end_step()
-            if self.exchange is not None:
+            if self.exchange is not None and self.refresh is not None:  # no exchange without it
                 # Every rank posted the same transfers: complete them all (the workers would
                 # drop what is queued), so no rank's exchange is left inside a collective.
                 self.refresh.settle()
@@ -250,7 +257,7 @@ class Runtime:
                 self._jsonl.close()
             for tracker in self._trackers:
                 tracker.close()
-            self.optimizer.runtime = None
+            self.optimizer.runtime = None  # type: ignore[attr-defined]  # (see __init__)
 
     def _open_trackers(self, telemetry: TelemetryConfig | None) -> list[Tracker]:
         """The experiment trackers telemetry names, on rank 0 only: one run, logged once."""
@@ -362,6 +369,7 @@ class Runtime:
             self.policy.apply_pending(step)
 
     def _refresh(self, step: int) -> Any:
+        assert self.refresh is not None  # the stage exists only with the engine
         self.refresh.on_boundary(step)
         return self.refresh.figures
 

@@ -80,7 +80,7 @@ class Telemetry:
         self._tokens = 0
         self._target: dict[str, float] = {}
         self._target_reached = False  # once: an unmeasured machine's _target stays {}
-        self._stop_server = None
+        self._stop_server: Callable[[], None] | None = None
         self._closed = False
         if meters is None:
             meters = build_meters(self.config, nvml_lib=nvml_lib)
@@ -138,7 +138,7 @@ class Telemetry:
     def _add_wait(self, cause: str, seconds: float) -> None:
         timer = self._timer
         in_step = timer is not None and timer.in_step
-        phase = timer.current_phase if in_step else None
+        phase = timer.current_phase if timer is not None and in_step else None
         self._ledger.add(cause, seconds, in_step=in_step, phase=phase)
 
     def refresh_done(self, seconds: float) -> None:
@@ -185,7 +185,8 @@ class Telemetry:
 
     def _check_target(self, record: StepRecord) -> None:
         target = self.config.target_loss
-        if target <= 0 or self._target_reached or record.eval_loss > target:
+        if target <= 0 or self._target_reached or record.eval_loss is None \
+                or record.eval_loss > target:
             return
         self._target_reached = True
         self.energy.poll(force=True)

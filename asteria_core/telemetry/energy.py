@@ -309,7 +309,7 @@ class EnergyParts:
     @property
     def sources(self) -> str:
         """The sources the total sums, '+'-joined (e.g. nvml+rapl); '' when none."""
-        names = [EnergySource.NVML] if self.device_joules is not None else []
+        names: list[str | None] = [EnergySource.NVML] if self.device_joules is not None else []
         names += [self.host_source] if self.host_joules is not None else []
         return "+".join(str(n) for n in names)
 

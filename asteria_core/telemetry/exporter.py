@@ -46,30 +46,32 @@ RECORD_GAUGES: dict[str, tuple[str, Read]] = {
     "asteria_eval_loss": ("Last validation loss.", lambda r: r.eval_loss),
     "asteria_preconditioner_staleness_max_steps": (
         "Largest staleness over preconditioner blocks at the last step.",
-        lambda r: r.refresh and r.refresh.staleness_max),
+        lambda r: None if r.refresh is None else r.refresh.staleness_max),
     "asteria_refresh_queue_depth": ("Refreshes queued or running.",
-                                    lambda r: r.refresh and r.refresh.queue_depth),
-    "asteria_refresh_workers_busy_ratio": ("Share of refresh worker time spent refreshing.",
-                                           lambda r: r.refresh and r.refresh.workers_busy_ratio),
+                                    lambda r: None if r.refresh is None else r.refresh.queue_depth),
+    "asteria_refresh_workers_busy_ratio": (
+        "Share of refresh worker time spent refreshing.",
+        lambda r: None if r.refresh is None else r.refresh.workers_busy_ratio),
     "asteria_policy_version": ("Version of the live policy the last step trained under.",
                                lambda r: r.policy_version),
     "asteria_tier_prefetch_hit_ratio": (
         "Share of off-device optimizer-state uses whose prefetch was done in time, since the "
-        "run started.", lambda r: r.tiers and r.tiers.prefetch_hit_ratio),
-    "asteria_policy_staleness_bound_steps": ("Staleness bound S of the live policy, in steps.",
-                                             lambda r: r.refresh and r.refresh.staleness_bound),
+        "run started.", lambda r: None if r.tiers is None else r.tiers.prefetch_hit_ratio),
+    "asteria_policy_staleness_bound_steps": (
+        "Staleness bound S of the live policy, in steps.",
+        lambda r: None if r.refresh is None else r.refresh.staleness_bound),
     "asteria_refresh_lead_steps": (
         "Steps from a block's read to its swap (d - swap window + 1), deterministic mode.",
-        lambda r: r.refresh and r.refresh.swap_lead),
+        lambda r: None if r.refresh is None else r.refresh.swap_lead),
     "asteria_refresh_latency_steps": (
         "90th percentile over the last 64 refreshes of the time from a job's release until "
         "its result was ready, in steps (their own time, waits left out); above the lead the "
         "step waits for it.",
-        lambda r: r.refresh and r.refresh.refresh_latency_steps),
+        lambda r: None if r.refresh is None else r.refresh.refresh_latency_steps),
     "asteria_refresh_background_load": (
         "Refresh work per interval divided by worker capacity at the steps' own time (refresh "
         "waits left out); above 1 the workers cannot keep up and steps wait.",
-        lambda r: r.refresh and r.refresh.background_load),
+        lambda r: None if r.refresh is None else r.refresh.background_load),
 }
 
 
@@ -104,7 +106,7 @@ class _DeviceCollector(Collector):
                 power.add_metric([r.device, r.source], r.watts)
             if r.busy_ratio is not None:
                 busy.add_metric([r.device, r.source], r.busy_ratio)
-            if r.memory_used_bytes is not None:
+            if r.memory_used_bytes is not None and r.memory_total_bytes is not None:  # together
                 mem_used.add_metric([r.device], r.memory_used_bytes)
                 mem_total.add_metric([r.device], r.memory_total_bytes)
         available = GaugeMetricFamily("asteria_energy_source_available", "1 when the energy "

@@ -51,8 +51,9 @@ class EnergyPart(StrEnum):
     TOTAL = "total"  # device + host, the parts measured or estimated here
 
 
-PART_OF_SOURCE = {EnergySource.NVML: EnergyPart.DEVICE, EnergySource.RAPL: EnergyPart.HOST,
-                  EnergySource.MODEL: EnergyPart.HOST}
+PART_OF_SOURCE: dict[str, EnergyPart] = {
+    EnergySource.NVML: EnergyPart.DEVICE, EnergySource.RAPL: EnergyPart.HOST,
+    EnergySource.MODEL: EnergyPart.HOST}
 HOST_SOURCES = (EnergySource.RAPL, EnergySource.MODEL)
 """The host part's sources, the first present wins: measured before the estimate."""
 

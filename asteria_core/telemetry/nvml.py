@@ -85,7 +85,10 @@ def cuda_identity(device: torch.device) -> GpuIdentity | None:
     uuid = getattr(props, "uuid", None)
     pci = None
     if all(hasattr(props, f) for f in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-        pci = (int(props.pci_domain_id), int(props.pci_bus_id), int(props.pci_device_id))
+        # torch's stubs declare no PCI fields on the device properties; builds that have them
+        # set them (the hasattr above).
+        pci = (int(props.pci_domain_id), int(props.pci_bus_id),  # type: ignore[attr-defined]
+               int(props.pci_device_id))  # type: ignore[attr-defined]
     return GpuIdentity(f"cuda:{index}", normal_uuid(str(uuid)) if uuid is not None else None,
                        pci)
 
@@ -98,7 +101,8 @@ class NvmlMeter:
     def __init__(self, lib: Any = None) -> None:
         self.devices: list[_Device] = []
         self.reason = "no GPU bound: the run's device is not known yet"
-        self._lib = None
+        self._lib: Any = None
+        """pynvml, or the stand-in given as `lib`; None when NVML is not usable."""
         try:
             self._lib = lib if lib is not None else importlib.import_module("pynvml")
         except ImportError as err:

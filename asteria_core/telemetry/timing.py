@@ -126,6 +126,8 @@ class PhaseTimer:
         name = self._stack[-1]
         self._host[name] = self._host.get(name, 0.0) + time.perf_counter() - self._span_start
         if self.cuda:
+            start = self._span_event
+            assert start is not None  # recorded as the span began
             end = self._event(enable_timing=True)
             end.record()
-            self._spans.append((name, self._span_event, end))
+            self._spans.append((name, start, end))

@@ -110,7 +110,9 @@ class WandbTracker:
         import wandb
         folder.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project="asteria", name=run_name, dir=str(folder),
-                               mode=os.environ.get("WANDB_MODE", "offline"),
+                               # WANDB_MODE as the user set it: wandb checks it against
+                               # the modes its annotation lists.
+                               mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]
                                reinit="create_new")
 
     def __call__(self, record: StepRecord) -> None:

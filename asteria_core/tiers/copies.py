@@ -67,7 +67,8 @@ class HostCopies:
         self.stream = self.api.Stream(device)
         self._out: dict[Key, Any] = {}
         """The event ending the last copy out of each home, until `settle`."""
-        self._last = None
+        self._last: Any = None
+        """The event ending the last copy out (the api's Event); None when none is pending."""
         self._registered: list[np.ndarray] = []
         self.copies_out = 0
 

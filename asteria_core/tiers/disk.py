@@ -73,7 +73,8 @@ def probe_direct(folder: Path) -> bool:
             return False
         raise
     try:
-        os.pwrite(fd, aligned_buffer(ALIGN), 0)
+        # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+        os.pwrite(fd, aligned_buffer(ALIGN), 0)  # type: ignore[arg-type]
         return True
     except OSError:
         return False
@@ -110,17 +111,22 @@ class DiskTier:
         # The checksums are computed on a helper thread while the data is written (both release
         # the GIL), so a write costs max(checksum, I/O) rather than their sum. The header, which
         # holds them, is written last; its size is fixed up front with the widest checksums.
-        crcs = self._crc.submit(lambda: [zlib.crc32(data[off:off + n]) for _, off, n in parts])
+        crcs = self._crc.submit(lambda: [
+            # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+            zlib.crc32(data[off:off + n])  # type: ignore[arg-type]
+            for _, off, n in parts])
         head_size = padded(len(self._head(name, size, parts, [0xFFFFFFFF] * len(parts), 0)))
         final, tmp = self.path(name), self.folder / f"{name}.new"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | self._flag(), 0o600)
             try:
-                total = os.pwritev(fd, [data[:size]], head_size)
+                # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+                total = os.pwritev(fd, [data[:size]], head_size)  # type: ignore[list-item]
                 head = self._head(name, size, parts, crcs.result(), head_size)
                 header = aligned_buffer(head_size)
                 header[:len(head)] = np.frombuffer(head, np.uint8)
-                total += os.pwritev(fd, [header], 0)
+                # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+                total += os.pwritev(fd, [header], 0)  # type: ignore[list-item]
                 if total != head_size + size:
                     raise OSError(errno.ENOSPC if total < head_size + size else errno.EIO,
                                   f"short write of {tmp}: {total} bytes")
@@ -164,19 +170,22 @@ class DiskTier:
         try:
             got_size = os.fstat(fd).st_size
             first = aligned_buffer(ALIGN)
-            got = os.preadv(fd, [first], 0)
+            # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+            got = os.preadv(fd, [first], 0)  # type: ignore[list-item]
             head_size = self._head_size(tensors, path, bytes(first[:got]))
             if got_size != head_size + size:
                 raise TierFileError(tensors, path, f"has {got_size} bytes; expected "
                                     f"{head_size + size} (truncated or not this state)")
             header = first if head_size == ALIGN else aligned_buffer(head_size)
             if head_size > ALIGN:
-                os.preadv(fd, [header], 0)
+                # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+                os.preadv(fd, [header], 0)  # type: ignore[list-item]
             # In chunks, each checksummed on the helper thread while the next is read.
             crcs, checks, got = [0] * len(parts), [], 0
             for lo in range(0, size, READ_CHUNK):
                 hi = min(size, lo + READ_CHUNK)
-                n = os.preadv(fd, [out[lo:hi]], head_size + lo)
+                # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+                n = os.preadv(fd, [out[lo:hi]], head_size + lo)  # type: ignore[list-item]
                 got += n
                 if n != hi - lo:
                     break
@@ -375,7 +384,8 @@ def _crc_update(crcs: list[int], parts: list[tuple[str, int, int]], data: np.nda
     for i, (_, off, n) in enumerate(parts):
         a, b = max(lo, off), min(hi, off + n)
         if a < b:
-            crcs[i] = zlib.crc32(data[a:b], crcs[i])
+            # numpy's stubs give ndarray the buffer protocol on Python 3.12+ only
+            crcs[i] = zlib.crc32(data[a:b], crcs[i])  # type: ignore[arg-type]
 
 
 def check_writable(folder: Path, need_bytes: int, spare_bytes: int = 0) -> str | None:

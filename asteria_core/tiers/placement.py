@@ -111,8 +111,9 @@ def plan(entries: list[Entry], policy: Policy) -> Plan:
             if mode == OffloadMode.AUTO:
                 trial = list(tiers)
                 _fill(order, entries, trial, Tier.HOST, host)
-                if all(t is not None for t in trial):
-                    return Plan(tuple(trial), 0, w)
+                placed = [t for t in trial if t is not None]
+                if len(placed) == len(trial):  # every entry fits on the device or the host
+                    return Plan(tuple(placed), 0, w)
             slots = _slots(host, w) if any(t is None for t in tiers) else 0
             if mode == OffloadMode.AUTO:
                 _fill(order, entries, tiers, Tier.HOST, None if host is None else host - slots * w)

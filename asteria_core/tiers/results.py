@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,8 +62,9 @@ class ResultFiles:
         views = self.disk.map(fname, parts)
         self.disk.remove(fname)  # the mapping keeps the bytes until the result is dropped
         self.staged += 1
-        return replace(result, **{name: views[name].view(t.dtype).view(t.shape)
-                                  for name, t in tensors.items()})
+        mapped: dict[str, Any] = {name: views[name].view(t.dtype).view(t.shape)
+                                  for name, t in tensors.items()}
+        return replace(result, **mapped)
 
     def close(self) -> None:
         self.disk.close()

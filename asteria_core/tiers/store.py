@@ -117,8 +117,8 @@ class TierStore:
         self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True,
                                           name=f"tier-{n}")
                          for n, q in (("reader", self._reads), ("writer", self._writes))]
-        for t in self._threads:
-            t.start()
+        for thread in self._threads:
+            thread.start()
         self._configure(policy.current)
         policy.add_validator(self.validate)
         optimizer.residency = self
@@ -152,7 +152,7 @@ class TierStore:
         gathered = {i: self._gather(i) for i in self.by_param if self._has_state(i)}
         for groups in self._groups.values():
             for fname, *_ in groups:
-                self.disk.remove(fname)
+                self._disk().remove(fname)
         self._configure(policy)
         for index, tensors in gathered.items():
             self._place(index, tensors)
@@ -225,7 +225,7 @@ class TierStore:
             return  # the first update creates the state; release places it
         for e in self._host_staged.get(index, ()):  # pinned host -> device, asynchronous
             key = (e.param, e.path)
-            set_leaf(state, e.path, self._copies.to_device(key, self._homes[key]))
+            set_leaf(state, e.path, self._host_copies().to_device(key, self._homes[key]))
         if not self._offsets.get(index):
             self._prefetch_after(index)
             return
@@ -275,7 +275,7 @@ class TierStore:
             home, t = self._homes[key], get_leaf(state, e.path)
             if t is not home and (writes == Writes.ALL or
                                   (writes == Writes.STEP and e.lifecycle != READ)):
-                self._copies.to_host(key, home, t)
+                self._host_copies().to_host(key, home, t)
             set_leaf(state, e.path, home)
         if index not in self._held:
             return
@@ -333,7 +333,7 @@ class TierStore:
         by_name = {e.name: e for e, _ in self._offsets[index]}
         out = {}
         for fname, _, _, parts in self._groups[index]:
-            for name, raw in self.disk.map(fname, parts).items():
+            for name, raw in self._disk().map(fname, parts).items():
                 e = by_name[name]
                 out[e.path] = raw.view(e.dtype).view(e.shape)
         return out
@@ -399,12 +399,12 @@ class TierStore:
 
     def _read_groups(self, index: int, buf: np.ndarray) -> None:
         for fname, _, start, parts in self._groups[index]:
-            self.disk.read(fname, buf[start:], parts)
+            self._disk().read(fname, buf[start:], parts)
             self._moved(Tier.DISK, Tier.HOST, sum(n for _, _, n in parts))
 
     def _write_groups(self, buf: np.ndarray, groups: list, src: str) -> None:
         for fname, _, start, parts in groups:
-            self.disk.write(fname, buf[start:], parts)
+            self._disk().write(fname, buf[start:], parts)
             self._moved(src, Tier.DISK, sum(n for _, _, n in parts))
 
     def _loop(self, q: queue.Queue) -> None:
@@ -495,10 +495,11 @@ class TierStore:
                 case Tier.HOST if self._copies is None:
                     set_leaf(state, e.path, copy_out(t))
                 case Tier.HOST:
-                    home = self._homes[e.param, e.path] = self._copies.pin(t)
+                    home = self._homes[e.param, e.path] = self._host_copies().pin(t)
                     release_loaded(t)
                     set_leaf(state, e.path, home)
                 case Tier.DISK:
+                    assert scratch is not None  # made for the disk-tier entries
                     off = offsets[e.path]
                     view = torch.from_numpy(scratch[off:off + e.nbytes]).view(e.dtype)
                     view.view(e.shape).copy_(t)
@@ -506,9 +507,19 @@ class TierStore:
                     set_leaf(state, e.path, torch.empty(e.shape, dtype=e.dtype, device="meta"))
                 case _:
                     raise NotImplementedError(e.tier)
-        if offsets:
+        if scratch is not None:  # there are disk-tier entries
             self._write_groups(scratch, self._groups[index], Tier.DEVICE)
         self._adopted.add(index)
+
+    def _disk(self) -> DiskTier:
+        """The disk tier, where the plan homes entries on disk (made by `_configure`)."""
+        assert self.disk is not None
+        return self.disk
+
+    def _host_copies(self) -> HostCopies:
+        """The pinned host homes of a CUDA device (host-tier entries are staged only there)."""
+        assert self._copies is not None
+        return self._copies
 
     # ------------------------------------------------------------------ refresh results
     def stage_result(self, result: RefreshResult) -> RefreshResult:
@@ -517,6 +528,7 @@ class TierStore:
         if not self.stages_results(result.key.param):
             return result
         self._moved(Tier.HOST, Tier.DISK, result_bytes(result))
+        assert self.results is not None  # made with the disk tier that stages results
         staged = self.results.stage(result)
         trim_heap()  # the previous refresh's snapshot and intermediates leave memory
         return staged
@@ -578,10 +590,12 @@ class TierStore:
         """Bytes and budget per tier (the host tier counts the disk tier's staging buffers)."""
         used = self.tier_bytes()
         policy = self._policy
+        assert policy is not None  # configured at construction
         total = sum(used.values())
         staging = self.plan.slots * self.plan.slot_bytes
-        held = {Tier.DEVICE: used[Tier.DEVICE], Tier.HOST: used[Tier.HOST] + staging}
-        capacity = {Tier.DEVICE: policy.device_budget_bytes or total,
+        held: dict[str, int] = {Tier.DEVICE: used[Tier.DEVICE],
+                                Tier.HOST: used[Tier.HOST] + staging}
+        capacity: dict[str, int] = {Tier.DEVICE: policy.device_budget_bytes or total,
                     Tier.HOST: policy.host_budget_bytes or total + staging}
         if self.plan.slots:
             held[Tier.DISK], capacity[Tier.DISK] = used[Tier.DISK], total

@@ -58,7 +58,9 @@ def previous_path(path: Path) -> Path:
 
 def rng_state() -> dict[str, Any]:
     """Every generator's state, as tensors and plain Python values only (see `load`)."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple)  # the global generator is MT19937: its legacy tuple
+    name, keys, pos, has_gauss, gauss = legacy
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -129,7 +131,9 @@ def save_atomic(obj: dict[str, Any], path: Path, *, keep_previous: bool = False)
         with os.fdopen(fd, "wb") as f:
             streamed = _Streamed(f)
             try:
-                torch.save(obj, streamed)
+                # torch.save writes to any object with write and flush; its annotation names
+                # only str, PathLike and IO[bytes].
+                torch.save(obj, streamed)  # type: ignore[arg-type]
             except RuntimeError as err:
                 # torch's zip writer answers a failed write with an error of its own ("unexpected
                 # pos") as it closes: the write's OSError is the one that says what happened.

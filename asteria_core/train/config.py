@@ -50,6 +50,7 @@ def parse_cpu_list(key: str, text: str) -> frozenset[int]:
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
         check(match is not None, key, text, CPU_LIST_RULE)
+        assert match is not None  # check() raised otherwise
         first, last = int(match[1]), int(match[2] or match[1])
         check(first <= last < (os.cpu_count() or 1), key, text, CPU_LIST_RULE)
         cpus.update(range(first, last + 1))

@@ -34,7 +34,10 @@ class KeyDoc:
 
 def section_summary(cls: type) -> str:
     """The first paragraph of a section's docstring, on one line."""
-    return " ".join(inspect.getdoc(cls).split("\n\n")[0].split())
+    doc = inspect.getdoc(cls)
+    if doc is None:
+        raise TypeError(f"{cls.__name__} has no docstring")
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def key_doc(section: str, setting: Setting) -> KeyDoc:

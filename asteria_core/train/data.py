@@ -141,7 +141,7 @@ class BatchLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), each (B, T) int64 on CPU; y is x shifted by one token."""
-        rows = []
+        rows: list[torch.Tensor] = []
         while len(rows) < self.batch_size:
             if self._order_epoch != self.state.epoch:
                 self._starts = self._epoch_starts(self.state.epoch)

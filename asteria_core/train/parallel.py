@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,8 @@ from asteria_core.policy import SwapMode
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.validation import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +151,7 @@ def init_group(device: torch.device, ranks: Ranks) -> bool:
     return True
 
 
-def share(value: object) -> object:
+def share(value: T) -> T:
     """Rank 0's value on every rank (a collective: every rank calls it at one point)."""
     box = [value]
     dist.broadcast_object_list(box, src=0)

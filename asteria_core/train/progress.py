@@ -6,10 +6,13 @@ plane serves (backend/launch.py), so both terminals show the same line.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
-def progress_bar(start: int, total: int) -> Any:
+def progress_bar(start: int, total: int) -> tqdm[NoReturn]:
     from tqdm import tqdm
 
     return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)

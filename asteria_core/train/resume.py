@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -38,8 +39,9 @@ def choose(run_path: Path, ranks: Ranks) -> Choice:
     good, why = ckpt.good_checkpoints(path)
     held = [(sorted(good), why)]
     if ranks.parallel:
-        held = [None] * ranks.world
-        dist.all_gather_object(held, (sorted(good), why))
+        gathered: list[Any] = [None] * ranks.world  # every rank's (steps, why), filled in
+        dist.all_gather_object(gathered, (sorted(good), why))
+        held = gathered
     common = set.intersection(*(set(steps) for steps, _ in held))
     if not common:
         raise ValueError(_refusal(run_path, path, held, ranks))

@@ -100,7 +100,8 @@ class Trainer:
         self.device = parallel.rank_device(resolve_device(config.train.device), self.ranks)
         self._owns_group = parallel.init_group(self.device, self.ranks)
         self._vote: StopVote | None = None
-        self.runtime: Runtime | None = None
+        self.runtime: Runtime
+        """Built by `_build`: a trainer whose build failed is closed and never returned."""
         self._refresh_fn = refresh_fn
         self._folder_locks: list[RunFolderLock] = []
         """The folders this rank trains in, locked against any other process (run_lock)."""
@@ -288,8 +289,9 @@ class Trainer:
         """Release workers, files and meters held by the run, and the process group the trainer
         created; the trainer can not train after."""
         try:
-            if self.runtime is not None:
-                self.runtime.close()
+            runtime = getattr(self, "runtime", None)  # absent when the build failed before it
+            if runtime is not None:
+                runtime.close()
         finally:
             self._release()
 
@@ -338,7 +340,7 @@ class Trainer:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
                               enabled=enabled)
 
-    def train_step(self) -> StepRecord:
+    def train_step(self) -> StepRecord | None:
         """One step; its record stays open for the evaluation until `runtime.end_step()`."""
         rt, cfg = self.runtime, self.config
         with rt.phase("data"):
@@ -383,6 +385,8 @@ class Trainer:
                     self.runtime.log(eval_loss=eval_loss)
                     result.eval_losses[self.step] = eval_loss
                 record = self.runtime.end_step()  # telemetry, listeners, between-steps hooks
+                # The step just taken opened its record and logged its loss.
+                assert record is not None and record.loss is not None
                 result.train_losses.append(record.loss)
                 if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
                     self.save_checkpoint()

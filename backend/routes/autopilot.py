@@ -18,7 +18,7 @@ from backend.deps import Client, Manager, RunIdPath
 
 CHOICES = tuple(sorted({c for s in policy_fields() if s.name in ACTIONS for c in s.choices}))
 router = APIRouter(prefix="/runs/{run_id}/autopilot", tags=["autopilot"])
-ERRORS = {404: {"description": "no such run or proposal"},
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"description": "no such run or proposal"},
           409: {"description": "the run is not active, has no autopilot, or the proposal is "
                                "not open"}}
 Bound = Annotated[list[StrictInt | Literal[CHOICES]],  # type: ignore[valid-type]

@@ -46,7 +46,7 @@ def list_runs(manager: Manager, reader: Reader) -> list[RunPublic]:
 
 @router.get("/{run_id}", response_model=RunPublic,
             responses={404: {"description": "no such run"}})
-async def get_run(run_id: RunIdPath, manager: Manager, reader: Reader) -> Response:
+async def get_run(run_id: RunIdPath, manager: Manager, reader: Reader) -> Response | RunPublic:
     """The active run from memory (polled often), any other from the store."""
     body = manager.live_run_json(run_id, anonymous=not reader)
     if body is not None:
