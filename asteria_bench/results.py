@@ -56,8 +56,14 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+DOCUMENTS = ("docs", "README.md")
+"""What `--publish` writes: changes there are results and prose, not code that is measured (a
+run of several suites makes them dirty after its first suite)."""
+
+
 def git_info(root: Path | None = None) -> dict[str, Any]:
-    """The commit the numbers come from (and whether the tree had changes on top of it)."""
+    """The commit the numbers come from, and whether the tree had changes to its code on top of
+    it (the documents aside)."""
     cwd = root or Path(__file__).resolve().parents[1]
 
     def git(*args: str) -> str | None:
@@ -69,7 +75,8 @@ def git_info(root: Path | None = None) -> dict[str, Any]:
         return out.stdout.strip() if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 *(f":(exclude){path}" for path in DOCUMENTS))
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
