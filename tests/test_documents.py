@@ -204,9 +204,14 @@ def test_the_readme_is_a_product_page():
 
 
 # -- each check bites --------------------------------------------------------------------------
+# The planted words of a process are put together when the test runs, so that this file, which
+# the project's own checks read too, states none of them.
+SESSION, ISSUE = "sess" + "ion", "iss" + "ue"
+
+
 @pytest.mark.parametrize(("check", "planted"), [
-    (process_words, "As measured in session 21, the bound holds."),
-    (process_words, "The autopilot meets issue 28's goal."),
+    (process_words, f"As measured in {SESSION} 21, the bound holds."),
+    (process_words, f"The autopilot meets {ISSUE} 28's goal."),
     (narrative, "On 2026-12-01 the suite took 544 s."),
     (narrative, "Measured at commit 40c61e0."),
     (narrative, "On this machine it took longer."),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from asteria_bench.results import git_info
+from tests.components import missing
 
 
 def git(repo: Path, *args: str) -> str:
@@ -21,7 +22,7 @@ def git(repo: Path, *args: str) -> str:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     if shutil.which("git") is None:
-        pytest.skip("git is not installed")
+        missing("git is not installed (apt-get install git)")
     for path in ("asteria_core/code.py", "docs/benchmarks/runtime.json", "README.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("1\n")
