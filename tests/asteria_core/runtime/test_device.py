@@ -79,7 +79,7 @@ def test_an_optimizer_built_before_model_cuda_times_on_cuda_and_copies_host_stat
     runtime = opt.runtime
     assert runtime.device.type == "cuda" and runtime.timer.cuda
     assert host_copies(runtime) != []
-    homes = [t for t in runtime.tiers._homes.values()]
+    homes = [t for t in runtime.tiers.homes.pinned.values()]
     assert homes and all(t.is_pinned() for t in homes)
     record = runtime.end_step()
     assert record is not None and record.phase_seconds["optimizer"] > 0

@@ -90,11 +90,11 @@ def test_cuda_host_and_disk_homes_train_as_state_on_the_device(tmp_path):
         run = Run(policy, tmp_path / str(len(results)), cuda=True)
         run.train(12)
         if policy.offload_mode == "host":
-            homes = list(run.store._homes.values())
+            homes = list(run.store.homes.pinned.values())
             assert homes and all(t.is_pinned() for t in homes)
-            assert run.store._copies.copies_out > 0
+            assert run.store.homes.copies.copies_out > 0
         if policy is disk:
-            assert run.store._copies._registered  # the staging buffers are pinned
+            assert run.store.homes.copies._registered  # the staging buffers are pinned
         run.close()
         results.append(run.params().cpu())
     assert torch.allclose(results[0], results[1], rtol=0, atol=1e-6)

@@ -70,6 +70,6 @@ def test_a_corrupt_disk_file_stops_the_run_and_keeps_the_last_good_checkpoint(ti
     trainer.runtime.at_boundary(corrupt)
     with pytest.raises(TierFileError, match=r"tiers/p\d+\..*\.bin.*truncated"):
         trainer.train(progress=False)
-    trainer.runtime.tiers._errors.clear()
+    trainer.runtime.tiers.traffic.errors.clear()
     trainer.close()
     assert ckpt.load(trainer.run_dir / ckpt.CHECKPOINT_NAME)["step"] == 10
