@@ -68,6 +68,7 @@ class TierStore:
         self.reporter = reporter or NullReporter()
         self.catalogue = StateCatalogue(optimizer)
         self.params, self.entries = self.catalogue.params, self.catalogue.entries
+        """The catalogue's, under the names the store's readers use."""
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.homes = HostHomes(copies, self.device)
         self.accounts = TierAccounts()
