@@ -279,6 +279,7 @@ class BlockPreconditioner(torch.optim.Optimizer):
         return self.bases.version(key)
 
     def _locate(self, key: BlockKey) -> tuple[torch.Tensor, dict, Layout]:
+        """(parameter, group, layout) of block `key` (`ParamBlocks.locate`)."""
         return self.blocks.locate(key)
 
     # ---- checkpoints ----------------------------------------------------------------------
