@@ -107,7 +107,7 @@ class Rebalancer:
         """A resumed run: owners may have moved before its checkpoint, whose factor statistics
         each rank loaded for the blocks it owned then. Every rank says which it holds (one
         small all-gather at the start; nothing held on a fresh run) and those are its blocks."""
-        held = torch.tensor([self.opt.holds_factor(b.key) for b in self.blocks],
+        held = torch.tensor([self.opt.factors.holds(b.key) for b in self.blocks],
                             dtype=torch.uint8)
         gathered = [torch.zeros_like(held) for _ in range(self.world)]
         dist.all_gather(gathered, held, group=self._group)
@@ -165,15 +165,15 @@ class Rebalancer:
         for key in moved:
             old, new = self.exchange.owners[key], owners[key]
             if self.rank == old:  # gloo: through host memory
-                factor = self.opt.factor_of(key).cpu()
+                factor = self.opt.factors.copy_of(key).cpu()
                 dist.send(factor, dst=new, group=self._group)
                 self.bytes_sent += factor.numel() * factor.element_size()
-                self.opt.hand_factor(key, None)
+                self.opt.factors.hand(key, None)
             elif self.rank == new:
-                factor = self.opt.factor_like(key)
+                factor = self.opt.factors.empty_like(key)
                 dist.recv(factor, src=old, group=self._group)
                 self.bytes_received += factor.numel() * factor.element_size()
-                self.opt.hand_factor(key, factor)
+                self.opt.factors.hand(key, factor)
         self.exchange.owners.update(owners)  # owns() answers anew from the next step on
         if self.opt.residency is not None:
             self.opt.residency.adopt_all()  # the tier store counts the new sizes

@@ -33,17 +33,10 @@ import math
 
 import torch
 
-from asteria_core.optim.base import (
-    BASES,
-    EXP_AVG,
-    FACTORS,
-    STEP,
-    BlockPreconditioner,
-    check_choice,
-    check_range,
-)
+from asteria_core.optim.base import BlockPreconditioner, check_choice, check_range
 from asteria_core.optim.layout import Layout, dim_broadcast, dim_outer, from_basis, to_basis
 from asteria_core.optim.seam import BASIS_REFRESHES, BlockKey, RefreshConfig
+from asteria_core.optim.state_keys import BASES, EXP_AVG, FACTORS, STEP
 
 EIG_INV_SQRT = "eig_inv_sqrt"  # [dim][chunk] (b,) e = lambda^(-1/2)
 EXP_AVG_SQ = "exp_avg_sq"      # AdamW second moment of parameters with no preconditioned dim
@@ -124,14 +117,15 @@ class KLShampoo(BlockPreconditioner):
         if STEP not in state:
             state[STEP] = 0
             state[EXP_AVG] = torch.zeros_like(grad)
-            self._init_blocks(state, layout, grad)
+            self.factors.init(state, layout, grad)
+            self.bases.init(state, layout, grad)
             kw = {"dtype": grad.dtype, "device": grad.device}
             state[EIG_INV_SQRT] = [None if sizes is None else
                                    [kl_eig_inv_sqrt(torch.full((b,), group["init_factor"], **kw),
                                                     None) for b in sizes]
                                    for sizes in layout.chunks]
             for dim, sizes in enumerate(layout.chunks):
-                if sizes is not None and self._keeps(dim):  # else another rank keeps them
+                if sizes is not None and self.factors.keeps(dim):  # else another rank keeps them
                     self._add_factor(state, layout, dim, dim_outer(grad, dim, sizes), beta)
             return True
         state[STEP] += 1
@@ -165,7 +159,7 @@ class KLShampoo(BlockPreconditioner):
                 continue
             eig = [now[d] if d in reads_now else start[d] for d in range(grad.dim())]
             if kind == "factor":
-                if self._keeps(dim):  # else another rank keeps these factors
+                if self.factors.keeps(dim):  # else another rank keeps these factors
                     half = _scale_except(to_basis(grad, bases, skip=dim), eig, dim)  # G Q e_n
                     self._add_factor(state, layout, dim, dim_outer(half, dim, sizes), beta)
                 continue
@@ -189,7 +183,7 @@ class KLShampoo(BlockPreconditioner):
         alpha = (1.0 - beta) / (layout.numel / layout.shape[dim])
         factors = state[FACTORS][dim]
         for c, (factor_bb, outer_bb) in enumerate(zip(factors, outers, strict=True)):
-            out = self._factor_out(factors, c)
+            out = self.factors.update_target(factors, c)
             if out is not None:
                 torch.mul(factor_bb, beta, out=out).add_(outer_bb, alpha=alpha)
 
@@ -207,7 +201,7 @@ class KLShampoo(BlockPreconditioner):
             lam_b = lam_b @ p_bb
         else:
             lam_b = lam_b[perm_b.to(lam_b.device, non_blocking=True)]
-        group = self._locate(key)[1]
+        group = self.blocks.locate(key)[1]
         e_b.copy_(kl_eig_inv_sqrt(lam_b, _clamp(group, e_b.shape[0])))
 
 

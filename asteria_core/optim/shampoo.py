@@ -26,17 +26,10 @@ import math
 
 import torch
 
-from asteria_core.optim.base import (
-    BASES,
-    EXP_AVG,
-    FACTORS,
-    STEP,
-    VERSIONS,
-    BlockPreconditioner,
-    check_range,
-)
+from asteria_core.optim.base import BlockPreconditioner, check_range
 from asteria_core.optim.layout import Layout, dim_outer, map_dim
 from asteria_core.optim.seam import MomentSwap, RefreshConfig, RefreshMethod
+from asteria_core.optim.state_keys import BASES, EXP_AVG, FACTORS, STEP, VERSIONS
 
 GRAFT_EXP_AVG_SQ = "graft_exp_avg_sq"  # Adam grafting second moment, original basis
 
@@ -103,7 +96,8 @@ class Shampoo(BlockPreconditioner):
             state[STEP] = 0
             state[EXP_AVG] = torch.zeros_like(grad)
             state[GRAFT_EXP_AVG_SQ] = torch.zeros_like(grad)
-            self._init_blocks(state, layout, grad)
+            self.factors.init(state, layout, grad)
+            self.bases.init(state, layout, grad)
         state[STEP] += 1
         step = state[STEP]
         exp_avg, exp_avg_sq = state[EXP_AVG], state[GRAFT_EXP_AVG_SQ]
@@ -134,11 +128,11 @@ class Shampoo(BlockPreconditioner):
             p.addcdiv_(exp_avg.reshape(p.shape), denom.reshape(p.shape), value=-step_size)
 
         for dim, sizes in enumerate(layout.chunks):
-            if sizes is not None and self._keeps(dim):  # else another rank keeps them
+            if sizes is not None and self.factors.keeps(dim):  # else another rank keeps them
                 factors = state[FACTORS][dim]
                 for c, (factor_bb, outer_bb) in enumerate(
                         zip(factors, dim_outer(grad, dim, sizes), strict=True)):
-                    out = self._factor_out(factors, c)
+                    out = self.factors.update_target(factors, c)
                     if out is None:
                         continue
                     if beta2 == 1.0:

@@ -38,23 +38,17 @@ import math
 
 import torch
 
-from asteria_core.optim.base import (
-    BASES,
-    FACTORS,
-    STEP,
-    VERSIONS,
-    BlockPreconditioner,
-    check_choice,
-    check_range,
-)
+from asteria_core.optim.base import BlockPreconditioner, check_choice, check_range
 from asteria_core.optim.layout import Layout, dim_outer, from_basis, map_dim_by, to_basis
 from asteria_core.optim.matrix_functions import pack_symmetric
+from asteria_core.optim.residency import owns
 from asteria_core.optim.seam import BASIS_REFRESHES, BlockKey, RefreshConfig, RefreshResult
+from asteria_core.optim.state_keys import BASES, FACTORS, STEP, VERSIONS
 
 EXP_AVG_SQ = "exp_avg_sq"  # second moment, eigenbasis coordinates, work shape
-# First moment, eigenbasis coordinates, work shape. Not base.EXP_AVG (original basis, as Shampoo
-# and KL-Shampoo keep it): a checkpoint from before the change fails loudly instead of loading
-# original-basis values as eigenbasis ones.
+# First moment, eigenbasis coordinates, work shape. Not state_keys.EXP_AVG (original basis, as
+# Shampoo and KL-Shampoo keep it): a checkpoint from before the change fails loudly instead of
+# loading original-basis values as eigenbasis ones.
 EXP_AVG_E = "exp_avg_eigen"
 
 
@@ -120,7 +114,8 @@ class SOAP(BlockPreconditioner):
             state[STEP] = 0
             state[EXP_AVG_E] = torch.zeros_like(grad)
             state[EXP_AVG_SQ] = torch.zeros_like(grad)
-            self._init_blocks(state, layout, grad, packed=group.get("pack_factors", False))
+            self.factors.init(state, layout, grad, packed=group.get("pack_factors", False))
+            self.bases.init(state, layout, grad)
             self._update_factors(grad, state[FACTORS], layout, shampoo_beta)
             # The reference's first call only builds statistics and the first basis, so the
             # current gradient never enters its own projection.
@@ -150,17 +145,17 @@ class SOAP(BlockPreconditioner):
     def _update_factors(self, grad: torch.Tensor, factors, layout: Layout, beta: float) -> None:
         """F <- lerp(F, contraction of G over all other dims, 1 - beta), per block."""
         for dim, sizes in enumerate(layout.chunks):
-            if sizes is not None and self._keeps(dim):  # else another rank keeps them
+            if sizes is not None and self.factors.keeps(dim):  # else another rank keeps them
                 for c, (factor_bb, outer_bb) in enumerate(
                         zip(factors[dim], dim_outer(grad, dim, sizes), strict=True)):
-                    out = self._factor_out(factors[dim], c)
+                    out = self.factors.update_target(factors[dim], c)
                     if out is not None:
                         if factor_bb.dim() == 1:  # packed: its upper triangle
                             outer_bb = pack_symmetric(outer_bb)
                         torch.lerp(factor_bb, outer_bb, 1 - beta, out=out)
 
     def _swap_moments(self, state: dict, layout: Layout, key: BlockKey, perm_b, p_bb) -> None:
-        self._swap_along_dim(state, EXP_AVG_SQ, layout, key, perm_b, p_bb)
+        self.bases.swap_along_dim(state, EXP_AVG_SQ, layout, key, perm_b, p_bb)
 
     def _apply_refresh(self, key: BlockKey, result: RefreshResult, state: dict,
                        layout: Layout) -> None:
@@ -173,7 +168,7 @@ class SOAP(BlockPreconditioner):
         rotation_bb = result.rotation
         if result.base_version != state[VERSIONS][key.dim][key.chunk]:
             rotation_bb = None
-        if rotation_bb is None and not self._owns(key.param):
+        if rotation_bb is None and not owns(self.residency, key.param):
             old_bb = old_bb.clone()  # a runtime buffer: the swap overwrites it in place
         super()._apply_refresh(key, result, state, layout)
         new_bb = state[BASES][key.dim][key.chunk]
@@ -181,5 +176,5 @@ class SOAP(BlockPreconditioner):
             rotation_bb = old_bb.T @ new_bb
         else:
             rotation_bb = rotation_bb.to(new_bb.device, new_bb.dtype, non_blocking=True)
-        self._swap_chunk(state, EXP_AVG_E, layout, key,
-                         lambda x: map_dim_by(x, key.dim, rotation_bb))
+        self.bases.swap_chunk(state, EXP_AVG_E, layout, key,
+                              lambda x: map_dim_by(x, key.dim, rotation_bb))
