@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from asteria_core import cli as core
+from asteria_core.train.command import serve_metrics, train_command
 from asteria_core.train.config import RunConfig
 
 # The product's default run (`asteria start` / `asteria serve`): SOAP with its refresh off the
@@ -60,8 +61,8 @@ def cmd_train(config: RunConfig, args: argparse.Namespace) -> int:
     (serve_rank_metrics, on --metrics-port + rank or any free port, its file_sd target in
     DATA_DIR/targets)."""
     if args.control_port is None:
-        return core.train_command(config, args)
-    return core.train_command(config, args, serve=lambda trainer: _serve_run(trainer, args))
+        return train_command(config, args)
+    return train_command(config, args, serve=lambda trainer: _serve_run(trainer, args))
 
 
 def _serve_run(trainer, args: argparse.Namespace):
@@ -81,7 +82,7 @@ def _serve_run(trainer, args: argparse.Namespace):
     from backend.attach import serve
 
     if not ranks.parallel:
-        core.serve_metrics(trainer)  # --metrics-port too, as without the control plane
+        serve_metrics(trainer)  # --metrics-port too, as without the control plane
     try:
         plane = serve(trainer.runtime, settings=settings, total_steps=trainer.config.train.steps)
     except RuntimeError as err:

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asteria_core.autopilot import AutopilotConfig
-from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
+from asteria_core.runtime.section import DEFAULTS, check_options
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.reporter import RunReporter
 
@@ -40,23 +40,20 @@ class RuntimeConfig:
     distributed: bool | None = None
     """Refresh as one rank of a data-parallel job (owner ranks, bases sent to every rank);
     None decides by whether torch.distributed is initialized with more than one rank."""
-    distributed_state: str = "replicated"
-    """Data-parallel runs: replicated (every rank keeps every basis and moment, owners' new
-    bases travel once per refresh: few bytes) | sharded (each rank keeps and updates only its
-    own parameters' state, the updates travel every step: about 1/W of the state).
-    distributed/sharded.py; the README's table says which to pick."""
-    update_dtype: str = "exact"
-    """The sharded mode's updates travel as: exact (the parameters' own values) | bf16 (the
-    change rounded to bfloat16, which every rank applies alike: half float32's bytes)."""
-    rebalance_rounds: int = 0
-    """Replicated data-parallel runs: every this many refresh rounds the ranks share their
-    refresh speed and block ownership moves off a rank that refreshes slowly (a straggler), and
-    back when it recovers (distributed/rebalance.py); 0: owners never move."""
+    # The runtime's options a run config sets too (its [runtime] section): each one's allowed
+    # values, bounds, default and meaning are RuntimeSection's (runtime/section.py).
+    distributed_state: str = DEFAULTS.distributed_state
+    """How a data-parallel run's ranks keep the optimizer state (replicated by default)."""
+    update_dtype: str = DEFAULTS.update_dtype
+    """What the sharded mode's updates travel as (the parameters' exact values by default)."""
+    rebalance_rounds: int = DEFAULTS.rebalance_rounds
+    """Replicated data-parallel runs: block owners move off a slow rank every this many refresh
+    rounds; 0: never."""
     refresh_fn: RefreshFn = default_refresh_fn
     """The refresh math (the seam; a test may slow it down)."""
-    coherence_threshold: float = 0.0
+    coherence_threshold: float = DEFAULTS.coherence_threshold
     """Skip (and in a data-parallel run, do not send) a refresh whose basis moved less than
-    this (1 - the mean |cosine| between new and old basis vectors; 0 swaps every refresh)."""
+    this."""
     autopilot: AutopilotConfig | None = None
     """The autopilot's mode, objective and bounds (asteria_core/autopilot; default: off, which
     the control plane or `runtime.autopilot.set_mode` may turn on mid-run). Second-order
@@ -66,13 +63,4 @@ class RuntimeConfig:
     """
 
     def __post_init__(self) -> None:
-        if self.distributed_state not in DISTRIBUTED_STATES:
-            raise ValueError(f"distributed_state: got {self.distributed_state!r}; allowed: "
-                             f"{' | '.join(DISTRIBUTED_STATES)}")
-        if self.update_dtype not in UPDATE_DTYPES:
-            raise ValueError(f"update_dtype: got {self.update_dtype!r}; allowed: "
-                             f"{' | '.join(UPDATE_DTYPES)}")
-        rounds = self.rebalance_rounds
-        if not isinstance(rounds, int) or isinstance(rounds, bool) or not 0 <= rounds <= 10**6:
-            raise ValueError(f"rebalance_rounds: got {rounds!r}; allowed: an integer in "
-                             "[0, 1000000] (0: owners never move)")
+        check_options(self)

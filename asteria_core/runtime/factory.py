@@ -21,6 +21,7 @@ from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.runtime.config import RefreshFn, RuntimeConfig
 from asteria_core.runtime.runtime import Runtime
+from asteria_core.runtime.section import DEFAULTS
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.reporter import RunReporter
 
@@ -49,9 +50,12 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
               policy: Policy | LivePolicy | None = None, weight_decay: float = 0.0,
               telemetry: TelemetryConfig | None = None, reporter: RunReporter | None = None,
               run_id: str | None = None, run_dir: str | Path | None = None,
-              records: str | Path | None = None, coherence_threshold: float = 0.0,
-              distributed_state: str = "replicated", update_dtype: str = "exact",
-              rebalance_rounds: int = 0, refresh_fn: RefreshFn = default_refresh_fn,
+              records: str | Path | None = None,
+              coherence_threshold: float = DEFAULTS.coherence_threshold,
+              distributed_state: str = DEFAULTS.distributed_state,
+              update_dtype: str = DEFAULTS.update_dtype,
+              rebalance_rounds: int = DEFAULTS.rebalance_rounds,
+              refresh_fn: RefreshFn = default_refresh_fn,
               trackers: str | Sequence[str] = "", **options: Any) -> torch.optim.Optimizer:
     """A torch optimizer with Asteria's runtime attached (`opt.runtime`).
 

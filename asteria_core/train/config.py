@@ -23,6 +23,7 @@ from asteria_core.optim.muon import MuonScale
 from asteria_core.optim.registry import OPTIMIZERS, spec_of
 from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap
 from asteria_core.policy import OffloadMode, Policy
+from asteria_core.runtime.section import RuntimeSection
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.validation import ConfigError, check, check_settings
 
@@ -245,6 +246,8 @@ class RunConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     autopilot: AutopilotSection = field(default_factory=AutopilotSection)
     """The autopilot the run starts with (off unless set; second-order optimizers)."""
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    """How a data-parallel run keeps and updates the optimizer state (replicated or sharded)."""
 
     def __post_init__(self) -> None:
         if self.autopilot.mode != Mode.OFF and not spec_of(self.optim.name).second_order:

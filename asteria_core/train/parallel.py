@@ -7,7 +7,8 @@ LOCAL_WORLD_SIZE); with more than one rank the trainer initializes the process g
 CPU, NCCL on CUDA with the device LOCAL_RANK), builds the same initial model on every rank,
 draws each rank's own batches (seed + rank, so one step trains world x data.batch_size
 sequences), wraps the model in DistributedDataParallel and lets the runtime go data-parallel by
-itself (owner ranks, bases sent in the background). `check()` refuses, before anything is
+itself, as the run config's `[runtime]` section says (replicated: owner ranks, bases sent in the
+background; sharded: each rank steps its own parameters). `check()` refuses, before anything is
 built, the combinations such a run can not train, naming the key.
 
 Every rank stops at one step (`StopVote`), checkpoints at one step (its own file: owners hold
@@ -30,6 +31,7 @@ from asteria_core.distributed import init_process_group
 from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.registry import spec_of
 from asteria_core.policy import SwapMode
+from asteria_core.runtime.section import DEFAULTS
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.validation import ConfigError
@@ -175,10 +177,10 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
 
 
-def check_resume(state: dict, path: Path, ranks: Ranks) -> None:
+def check_resume(state: dict, path: Path, ranks: Ranks, distributed_state: str) -> None:
     """A checkpoint resumes only the layout that wrote it: each rank's file holds that rank's
-    part of the optimizer state (the blocks it owns) and its data position. (Which step every
-    rank resumes is `train.resume.choose`'s.)"""
+    part of the optimizer state (the blocks it owns, or in the sharded mode its parameters)
+    and its data position. (Which step every rank resumes is `train.resume.choose`'s.)"""
     wrote = state.get("ranks", {"world": 1, "local_world": 1})
     world, local = int(wrote["world"]), int(wrote["local_world"])
     if (world, local) != (ranks.world, ranks.local_world):
@@ -186,6 +188,13 @@ def check_resume(state: dict, path: Path, ranks: Ranks) -> None:
                          f"{local} per node; this run has {ranks.world}, {ranks.local_world} per "
                          "node; allowed: a checkpoint of a run launched the same way (every "
                          "rank holds its own part of the optimizer state)")
+    # A checkpoint from before the [runtime] section was written by the default mode.
+    kept = state.get("config", {}).get("runtime", {}).get("distributed_state",
+                                                           DEFAULTS.distributed_state)
+    if ranks.parallel and kept != distributed_state:
+        raise ValueError(f"runtime.distributed_state: got {distributed_state!r}, but {path} was "
+                         f"written by a {kept} run; allowed: {kept} (every rank holds its own "
+                         "part of the optimizer state, split as that mode splits it)")
 
 
 class StopVote:

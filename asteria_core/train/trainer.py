@@ -125,7 +125,8 @@ class Trainer:
             self._lock_folder(parallel.rank_checkpoint(Path(resume_path), ranks).parent)
             self.resumed = resume_choice.choose(Path(resume_path), ranks)
             resume = ckpt.load(self.resumed.path, verified=True)
-            parallel.check_resume(resume, self.resumed.path, ranks)
+            parallel.check_resume(resume, self.resumed.path, ranks,
+                                  config.runtime.distributed_state)
             # The architecture comes from the checkpoint; the schedule and paths from `config`.
             config = dataclasses.replace(
                 config, model=config_from_dict(resume["config"]).model,
@@ -180,6 +181,7 @@ class Trainer:
             records=records if jsonl and ranks.main else None,
             optimizer_name=config.optim.name,
             start_step=int(resume["step"]) if resume is not None else 0,
+            **config.runtime.options(),  # the run config's [runtime] section
             worker_cpus=parse_cpu_list("train.worker_cpus", config.train.worker_cpus)
             if config.train.worker_cpus else None))
         self._check_memory()

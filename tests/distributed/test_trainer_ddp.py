@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from asteria_core.distributed.policy_sync import HEADER_BYTES
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train import parallel
 from asteria_core.train.config import ConfigError, RunConfig
+from asteria_core.train.config_io import config_from_dict
+from asteria_core.train.model import GPT
 from asteria_core.train.parallel import Ranks
 from asteria_core.train.trainer import Trainer
 from backend.store import RunStore
@@ -179,6 +182,34 @@ def test_a_signal_on_one_rank_stops_every_rank_at_one_step_and_a_relaunch_resume
     assert same(got[0], expected[0])
     assert [r["step"] for r in steps_of(folder)] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
+
+
+def test_the_runtime_section_trains_the_ranks_sharded(tmp_path):
+    """`--runtime.distributed_state sharded --runtime.update_dtype bf16` reaches every rank's
+    runtime: each rank steps only its own parameters (its checkpoint holds their optimizer
+    state alone) and sends their change, rounded to bf16, every step, so rank 0's records count
+    2 bytes per parameter per step, sent and received, besides the policy sync's header (a
+    replicated run sends bases once per refresh round); replicas end identical."""
+    steps = 6
+    finish(launch("asteria_core.cli", tmp_path, "--train.steps", str(steps),
+                  "--runtime.distributed_state", "sharded", "--runtime.update_dtype", "bf16",
+                  "--runtime.rebalance_rounds", "4"))
+    folder = run_dir(tmp_path)
+    rank0, rank1 = models(folder)
+    assert same(rank0, rank1)
+    saved = [ckpt.load(folder / ckpt.CHECKPOINT_NAME),
+             ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)]
+    config = config_from_dict(saved[0]["config"])
+    assert (config.runtime.distributed_state, config.runtime.update_dtype,
+            config.runtime.rebalance_rounds) == ("sharded", "bf16", 4)
+    owned = [set(s["optimizer"]["state"]) for s in saved]
+    assert owned[0] and owned[1] and not owned[0] & owned[1]
+    records = steps_of(folder)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    moved = [r["distributed"]["bytes_sent"] + r["distributed"]["bytes_received"]
+             for r in records]
+    params = sum(p.numel() for p in GPT(config.model).parameters())
+    assert {moved[i + 1] - moved[i] for i in range(steps - 1)} == {2 * params + HEADER_BYTES}
 
 
 def test_a_bad_combination_stops_every_rank_naming_the_key(tmp_path):

@@ -1,0 +1,70 @@
+"""The `[runtime]` section of a run config: the runtime's options a launched run (`asteria train`,
+under torchrun too; `POST /runs`) builds its `Runtime` with.
+
+Each option's kind, allowed values or bounds, default and help are written here once, from the
+values the code that uses them defines (`DISTRIBUTED_STATES`, `UPDATE_DTYPES`):
+`RuntimeConfig` (runtime/config.py), which a script builds itself or through
+`asteria.optimizer(...)`, takes its defaults and its check from these settings, so a script and
+a config file allow the same values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
+from asteria_core.fields import Kind, setting, settings_of
+from asteria_core.validation import check_settings
+
+MAX_REBALANCE_ROUNDS = 10**6
+
+
+@dataclass(kw_only=True, slots=True)
+class RuntimeSection:
+    """How data-parallel ranks keep and update the optimizer state; which refreshes are skipped."""
+
+    # Each option is the `RuntimeConfig` field of the same name (runtime/config.py).
+
+    distributed_state: str = setting(
+        "replicated", Kind.CHOICE, "Data-parallel runs: replicated (every rank keeps "
+        "every basis and moment, owners' new bases travel once per refresh: few bytes) | "
+        "sharded (each rank keeps and updates only its own parameters' state, the updates "
+        "travel every step: about 1/W of the state). Pick replicated when the state fits on "
+        "every rank. distributed/sharded.py.", choices=DISTRIBUTED_STATES)
+    update_dtype: str = setting(
+        "exact", Kind.CHOICE, "The sharded mode's updates travel as: exact "
+        "(the parameters' own values) | bf16 (the change rounded to bfloat16, which every rank "
+        "applies alike: half float32's bytes).", choices=tuple(UPDATE_DTYPES))
+    rebalance_rounds: int = setting(
+        0, Kind.INT, "Replicated data-parallel runs: every this many refresh rounds the ranks "
+        "share their refresh speed and block ownership moves off a rank that refreshes slowly "
+        "(a straggler), and back when it recovers (distributed/rebalance.py); 0: owners never "
+        "move.", minimum=0, maximum=MAX_REBALANCE_ROUNDS)
+    coherence_threshold: float = setting(
+        0.0, Kind.FLOAT, "Skip (and in a data-parallel run, do not send) a refresh whose basis "
+        "moved less than this (1 - the mean |cosine| between new and old basis vectors); 0 "
+        "swaps every refresh.", minimum=0.0, maximum=1.0)
+
+    def __post_init__(self) -> None:
+        check_settings(self, "runtime")
+
+    def options(self) -> dict[str, Any]:
+        """The section as `RuntimeConfig`'s keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+SETTINGS = settings_of(RuntimeSection)
+DEFAULTS = RuntimeSection()
+"""The options' defaults, for the signatures that take them one by one."""
+
+
+def check_options(options: object) -> None:
+    """`options`' fields named as the section's within its settings (`RuntimeConfig`'s own
+    check); ValueError naming the first that is not: "update_dtype: got 'fp8'; allowed: exact
+    | bf16"."""
+    for s in SETTINGS:
+        problem = s.problem(getattr(options, s.name))
+        if problem is not None:
+            raise ValueError(f"{s.name}: {problem}")
