@@ -42,19 +42,21 @@ def tensor_bytes(value: Any, seen: set | None = None) -> int:
     seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
         t = local_shard(value)
+        # Where its elements start, how many, of what: the same tensor however it is reached.
         # A meta tensor has no storage to tell two apart: the object itself is its identity.
-        key = (id(value),) if t.is_meta else \
-            (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+        key = (id(value),) if t.is_meta else (t.data_ptr(), t.numel(), t.dtype)
         if t.numel() == 0 or key in seen:
             return 0
         seen.add(key)
         return t.numel() * t.element_size()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
-    if isinstance(value, dict):
-        value = list(value.values())
     if isinstance(value, list | tuple):
         return sum(tensor_bytes(v, seen) for v in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v, seen) for v in value.values())
+    if isinstance(value, int | float | str | None):  # most leaves that are no tensor: counts
+        return 0
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(tensor_bytes(getattr(value, f.name), seen) for f in dataclasses.fields(value))
     return 0
 
 
