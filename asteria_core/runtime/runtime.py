@@ -8,15 +8,15 @@
     opt.runtime.close()
 
 `Runtime(optimizer, model=..., config=RuntimeConfig(...))` owns one step at a time: it is the
-`StepEvents` its hooks call, and the API a loop calls. It holds its parts (runtime/parts.py:
-refresh engine, tier store, live policy, autopilot, data-parallel attachment), telemetry, and
+`StepEvents` its hooks call, and the API a loop calls. It holds the live policy, telemetry, its
+parts (runtime/parts.py: refresh engine, tier store, autopilot, data-parallel attachment) and
 one collaborator per job:
 
 - the hooks (runtime/hooks.py): torch's optimizer and model hooks tell it when a step starts and
   which phase runs, so a loop needs no other call;
 - the boundary (runtime/boundary.py): at the end of every `optimizer.step()`, an ordered list of
-  stages (policy, tiers, refresh, state, distributed, the loop's hooks), each returning its
-  section of the step record;
+  stages (policy, tiers, refresh, state, autopilot, distributed, the loop's hooks), each
+  returning its section of the step record;
 - the record (runtime/record.py): built at the boundary and complete when the next step starts
   (or at `end_step()` / `close()`), so figures the loop logs after `step()`
   (`runtime.log(loss=..., eval_loss=...)`) still land in it; then telemetry observes it and
