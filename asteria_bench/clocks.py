@@ -1,5 +1,6 @@
 """What the suites read off a process besides wall-clock time: the training thread's CPU inside
-an optimizer's basis swaps, the optimizer state's bytes by kind, and the process's peak RSS."""
+an optimizer's basis swaps and the process's peak RSS. The optimizer state's bytes by kind are
+the product's own figure (asteria_core/telemetry/state_bytes.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,6 @@ import contextlib
 import resource
 import time
 from pathlib import Path
-
-from asteria_core.tiers.lifecycle import leaves
-
-MOMENTS = ("exp_avg", "exp_avg_sq", "exp_avg_eigen")
 
 
 class SwapClock:
@@ -52,12 +49,3 @@ def reset_peak_rss() -> None:
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
 
-
-def state_bytes(optimizer) -> dict[str, int]:
-    """Optimizer-state bytes by kind: moments, factors, bases, other."""
-    kinds = {"moments": 0, "factors": 0, "bases": 0, "other": 0}
-    for state in optimizer.state.values():
-        for path, t in leaves(state):
-            kind = "moments" if path[0] in MOMENTS else path[0] if path[0] in kinds else "other"
-            kinds[kind] += t.numel() * t.element_size()
-    return kinds

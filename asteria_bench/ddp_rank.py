@@ -11,7 +11,6 @@ rank; DDP's gradient all-reduce, which every optimizer here pays alike, is not c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -26,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import asteria_core as asteria
 from asteria_bench.slower_host import SlowerHost
 from asteria_core.autopilot import AutopilotConfig
-from asteria_core.optim.base import local_shard
+from asteria_core.telemetry.state_bytes import state_bytes
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.data import (
     BatchLoader,
@@ -52,27 +51,6 @@ def evaluate(model: GPT, tokens: torch.Tensor, block_size: int) -> float:
     losses = [model(x, y)[1] for x, y in fixed_eval_batches(tokens, block_size, 8, 8)]
     model.train()
     return torch.stack(losses).mean().item()
-
-
-def state_bytes(state, seen: set | None = None) -> int:
-    """Bytes of every tensor in an optimizer's state (nested dicts, lists, tuples and
-    dataclasses, as Distributed Shampoo keeps its factors), this rank's shard of a DTensor, each
-    tensor once however often it is referenced; placeholders of no elements count nothing."""
-    seen = set() if seen is None else seen
-    if isinstance(state, torch.Tensor):
-        t = local_shard(state)
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
-        if t.numel() == 0 or key in seen:
-            return 0
-        seen.add(key)
-        return t.numel() * t.element_size()
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        state = [getattr(state, f.name) for f in dataclasses.fields(state)]
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, list | tuple):
-        return sum(state_bytes(v, seen) for v in state)
-    return 0
 
 
 def distributed_shampoo(model: torch.nn.Module, args) -> torch.optim.Optimizer:
@@ -224,7 +202,7 @@ def main() -> None:
         "final_loss": losses[-1],
         "eval_loss": evaluate(model, tokens_val, model_config.block_size),
         "eval_at": {str(k): v for k, v in evals.items()},
-        "state_bytes": state_bytes(opt.state),
+        "state_bytes": sum(state_bytes(opt).values()),
         "step_seconds": step_seconds,
         "losses": losses,
     }

@@ -47,11 +47,12 @@ from typing import Any
 import numpy as np
 
 from asteria_bench import turns
-from asteria_bench.clocks import SwapClock, peak_rss_bytes, reset_peak_rss, state_bytes
+from asteria_bench.clocks import SwapClock, peak_rss_bytes, reset_peak_rss
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.plots import pyplot, save
 from asteria_bench.results import SuiteResult
 from asteria_bench.suites.scale_hf import hf_row
+from asteria_core.telemetry.state_bytes import state_bytes
 from asteria_core.train.plan import predict_optimizer
 
 TITLE = "Scale: how each cost grows with the model"

@@ -28,9 +28,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from asteria_bench.clocks import peak_rss_bytes, reset_peak_rss, state_bytes  # noqa: E402
+from asteria_bench.clocks import peak_rss_bytes, reset_peak_rss  # noqa: E402
 from asteria_bench.options import BenchOptions  # noqa: E402
 from asteria_bench.results import percentile  # noqa: E402
+from asteria_core.telemetry.state_bytes import state_bytes  # noqa: E402
 
 INTERVAL = 10
 BOUND = 10  # S = d

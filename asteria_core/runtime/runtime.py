@@ -7,19 +7,23 @@
         opt.step(); opt.zero_grad()      # the step boundary runs inside step()
     opt.runtime.close()
 
-`Runtime(optimizer, model=..., config=RuntimeConfig(...))` owns one step at a time and has
-three rooms besides its parts (refresh engine, tier store, telemetry, live policy, data-parallel
-attachment):
+`Runtime(optimizer, model=..., config=RuntimeConfig(...))` owns one step at a time: it is the
+`StepEvents` its hooks call, and the API a loop calls. It holds the live policy, telemetry, its
+parts (runtime/parts.py: refresh engine, tier store, autopilot, data-parallel attachment) and
+one collaborator per job:
 
 - the hooks (runtime/hooks.py): torch's optimizer and model hooks tell it when a step starts and
   which phase runs, so a loop needs no other call;
 - the boundary (runtime/boundary.py): at the end of every `optimizer.step()`, an ordered list of
-  stages (policy, tiers, refresh, distributed, the loop's hooks), each returning its section
-  of the step record;
+  stages (policy, tiers, refresh, state, autopilot, distributed, the loop's hooks), each
+  returning its section of the step record;
 - the record (runtime/record.py): built at the boundary and complete when the next step starts
   (or at `end_step()` / `close()`), so figures the loop logs after `step()`
   (`runtime.log(loss=..., eval_loss=...)`) still land in it; then telemetry observes it and
-  every listener gets it.
+  every listener gets it;
+- the callbacks (runtime/callbacks.py): record listeners, boundary and between-steps hooks;
+- the outputs (runtime/outputs.py): the JSONL file and the experiment trackers;
+- the device (runtime/device.py): where the parameters train, read again at the first step.
 
 The loss of a step is what the loop logs, or else the model's output when it is a scalar
 tensor, has a `.loss` (Hugging Face), or is a tuple holding one (the mean over the step's
@@ -29,7 +33,6 @@ forwards). Tokens are the integer input's elements (the first positional tensor 
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -39,34 +42,29 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from asteria_core.autopilot import Autopilot, AutopilotConfig
 from asteria_core.distributed import VersionExchange
-from asteria_core.distributed.attach import DataParallel, attach, data_parallel, shared_run_id
-from asteria_core.distributed.rebalance import Rebalancer
-from asteria_core.distributed.topology import Topology
-from asteria_core.machine import MACHINE
-from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.distributed.attach import DataParallel, data_parallel, shared_run_id
 from asteria_core.policy import LivePolicy, Policy
-from asteria_core.refresh import RefreshEngine
-from asteria_core.runtime.boundary import Boundary, Stage
+from asteria_core.runtime.boundary import Boundary, boundary_stages
+from asteria_core.runtime.callbacks import Callbacks, Listener, StepHook
 from asteria_core.runtime.config import RuntimeConfig
+from asteria_core.runtime.device import ParameterDevice
 from asteria_core.runtime.hooks import TorchHooks
+from asteria_core.runtime.outputs import RecordOutputs
+from asteria_core.runtime.parts import build_parts
 from asteria_core.runtime.record import StepInProgress
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.labels import Phase
-from asteria_core.telemetry.records import JsonlWriter, StepRecord
+from asteria_core.telemetry.records import StepRecord
 from asteria_core.telemetry.reporter import NullReporter, RunReporter, make_reporter
+from asteria_core.telemetry.state_bytes import StateCount
 from asteria_core.telemetry.timing import PhaseTimer
-from asteria_core.telemetry.trackers import Tracker, open_trackers
-from asteria_core.tiers import TierStore
 
 if TYPE_CHECKING:
+    from asteria_core.autopilot import Autopilot
+    from asteria_core.refresh import RefreshEngine
     from asteria_core.telemetry.core import Telemetry
-
-log = logging.getLogger(__name__)
-
-Listener = Callable[[StepRecord], None]
-StepHook = Callable[[int], None]
+    from asteria_core.tiers import TierStore
 
 
 def new_run_id() -> str:
@@ -99,10 +97,10 @@ class Runtime:
             LivePolicy(config.policy or Policy(), start_step=config.start_step)
         self.step = config.start_step
         """Optimizer steps done (including those of a run this one resumes)."""
-        self.device = self._param_device()
-        """Where the parameters train: read again at the first step (`_find_device`), since an
-        optimizer may be built before `model.cuda()`."""
-        self._device_found = False
+        self._device = ParameterDevice(optimizer)
+        self.device = self._device.device
+        """Where the parameters train: read again at the first step (runtime/device.py), since
+        an optimizer may be built before `model.cuda()`."""
         self.timer = PhaseTimer(self.device)
         self.reporter: RunReporter = config.reporter if config.reporter is not None else \
             make_reporter(config.telemetry or TelemetryConfig())
@@ -112,46 +110,23 @@ class Runtime:
         """The reporter when it exports metrics (`.exposition()`, `.serve()`), else None."""
         self.reporter.bind(self.timer, device=self.device, run_id=self.run_id,
                            optimizer=self.optimizer_name)
-        self.refresh: RefreshEngine | None = None
-        self.tiers: TierStore | None = None
-        self.data_parallel: DataParallel | None = \
-            attach(optimizer, self.policy, self.reporter, config.distributed_state,
-                   config.update_dtype) if parallel else None
+        parts = build_parts(optimizer, config, self.policy, self.reporter, self.run_dir,
+                            parallel=parallel)
+        self.data_parallel: DataParallel | None = parts.data_parallel
         """This rank's part of a data-parallel job (distributed/attach.py), None alone."""
-        if isinstance(optimizer, BlockPreconditioner):
-            # Refreshes run off the critical path under the policy; state has a home tier.
-            self.refresh = RefreshEngine(optimizer, self.policy, self.reporter,
-                                         fn=config.refresh_fn, exchange=self.exchange,
-                                         skip_below=config.coherence_threshold,
-                                         worker_cpus=config.worker_cpus)
-            self.tiers = TierStore(optimizer, self.policy, self.run_dir, self.reporter)
-            if config.rebalance_rounds > 0 and self.exchange is not None:
-                engine, rounds = self.refresh, config.rebalance_rounds
-                assert self.data_parallel is not None  # it holds the exchange
-                self.data_parallel.rebalancer = Rebalancer(
-                    optimizer, self.exchange,
-                    lambda: (engine.computed_seconds, engine.computed_cost), self.reporter,
-                    lambda: rounds * self.policy.current.refresh_interval,
-                    can_move=engine.reads_done)
-        self._listeners: list[Listener] = []
-        self.autopilot: Autopilot | None = None
+        self.refresh: RefreshEngine | None = parts.refresh
+        self.tiers: TierStore | None = parts.tiers
+        self.autopilot: Autopilot | None = parts.autopilot
         """Tunes the policy from the records (off unless configured or turned on mid-run)."""
-        if self.refresh is not None:
-            self.autopilot = Autopilot(
-                self.policy, config.autopilot or AutopilotConfig(),
-                decides=self.data_parallel is None or self.data_parallel.policy_sync.rank == 0,
-                cores=MACHINE.rank_cores(self._local_ranks()))
-            self._listeners.append(self.autopilot.observe)
-        self._boundary_hooks: list[StepHook] = []
-        self._between_hooks: list[StepHook] = []
-        self._jsonl = JsonlWriter(Path(config.records)) if config.records is not None else None
-        if self._jsonl is not None:
-            self._listeners.append(self._jsonl)
-        self._trackers = self._open_trackers(config.telemetry)
-        self._listeners.extend(self._trackers)
+        rank = self.data_parallel.policy_sync.rank if self.data_parallel is not None else 0
+        self._outputs = RecordOutputs(config.records, config.telemetry, run_dir=self.run_dir,
+                                      run_id=self.run_id, rank=rank)
+        pilot = [self.autopilot.observe] if self.autopilot is not None else []
+        self._callbacks = Callbacks([*pilot, *self._outputs.listeners])
         self._stop_requested = False
         self._closed = False
-        self.boundary = Boundary(self._stages())
+        self.boundary = Boundary(boundary_stages(self, StateCount(optimizer, self.policy),
+                                                 self._callbacks.boundary))
         """The step boundary's stages, in order (runtime/boundary.py)."""
         self._step = StepInProgress()
         self._hooks = self.hooks_type(self.timer, self, optimizer, model)
@@ -181,10 +156,8 @@ class Runtime:
         record = self._step.complete()
         if record is not None:
             self.reporter.observe(record)
-            for listener in list(self._listeners):
-                listener(record)
-        for hook in list(self._between_hooks):
-            hook(self.step)
+            self._callbacks.record(record)
+        self._callbacks.between(self.step)
         return record
 
     @property
@@ -194,20 +167,17 @@ class Runtime:
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call `listener(record)` with every completed step record; returns the remover."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        return self._callbacks.add_listener(listener)
 
     def at_boundary(self, hook: StepHook) -> Callable[[], None]:
         """Run `hook(step)` at every step boundary, after the refresh engine (inside the step's
         timing, as part of the boundary); returns the remover."""
-        self._boundary_hooks.append(hook)
-        return lambda: self._boundary_hooks.remove(hook)
+        return self._callbacks.at_boundary(hook)
 
     def between_steps(self, hook: StepHook) -> Callable[[], None]:
         """Run `hook(step)` after each completed record, outside any step's timing (commands
         such as pause may block here); returns the remover."""
-        self._between_hooks.append(hook)
-        return lambda: self._between_hooks.remove(hook)
+        return self._callbacks.between_steps(hook)
 
     def request_stop(self) -> None:
         """Ask the loop to stop (thread-safe: a flag the loop, or an integration, reads)."""
@@ -253,31 +223,13 @@ class Runtime:
             if self.tiers is not None:
                 self.tiers.close()
             self.reporter.close()
-            if self._jsonl is not None:
-                self._jsonl.close()
-            for tracker in self._trackers:
-                tracker.close()
+            self._outputs.close()
             self.optimizer.runtime = None  # type: ignore[attr-defined]  # (see __init__)
-
-    def _open_trackers(self, telemetry: TelemetryConfig | None) -> list[Tracker]:
-        """The experiment trackers telemetry names, on rank 0 only: one run, logged once."""
-        if telemetry is None or not telemetry.trackers or \
-                (self.data_parallel is not None and self.data_parallel.policy_sync.rank != 0):
-            return []
-        folder = Path(telemetry.trackers_dir) if telemetry.trackers_dir else \
-            self.run_dir / "trackers"
-        return open_trackers(telemetry.trackers, folder, self.run_id)
 
     @property
     def world(self) -> int:
         """Ranks of the data-parallel run this runtime is one of (1: a single process)."""
         return self.data_parallel.world if self.data_parallel is not None else 1
-
-    def _local_ranks(self) -> int:
-        """Data-parallel ranks on this machine (torchrun's layout; 1 for a single process)."""
-        if self.data_parallel is None:
-            return 1
-        return Topology.from_env(self.world, self.data_parallel.policy_sync.rank).local_world
 
     @property
     def exchange(self) -> VersionExchange | None:
@@ -298,8 +250,10 @@ class Runtime:
         if self._closed:
             raise RuntimeError("this runtime is closed")
         self.end_step()
-        if not self._device_found:
-            self._find_device()
+        if not self._device.found:  # the parts follow parameters moved since the start
+            tiers = [self.tiers.set_device] if self.tiers is not None else []
+            self.device = self._device.find(self.timer.set_device, self.reporter.set_device,
+                                            *tiers)
         self._step.start(self.policy.version)
         self.timer.start_step()
 
@@ -326,53 +280,3 @@ class Runtime:
         phases, wall = self.timer.finish()
         self._step.build(self.step, phases, wall, self.reporter.split_step(phases, wall),
                          sections)
-
-    def _param_device(self) -> torch.device:
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return params[0].device if params else torch.device("cpu")
-
-    def _find_device(self) -> None:
-        """At the first step: the parameters are where they train now. If they moved since the
-        runtime was built, its parts follow: the timer's events, the meter's GPU, the tier
-        store's homes (host copies exist on a GPU only)."""
-        self._device_found = True
-        device = self._param_device()
-        if device == self.device:
-            return
-        log.debug("the parameters moved from %s to %s before the first step", self.device,
-                  device)
-        self.device = device
-        self.timer.set_device(device)
-        self.reporter.set_device(device)
-        if self.tiers is not None:
-            self.tiers.set_device(device)
-
-    # ----------------------------------------------------------------- the boundary's stages
-    def _stages(self) -> list[Stage]:
-        """The boundary's stages, in order (runtime/boundary.py; docs/architecture.md)."""
-        stages = [Stage("policy", self._apply_policy)]
-        if self.tiers is not None:
-            stages.append(Stage("tiers", self.tiers.on_boundary))
-        if self.refresh is not None:
-            stages.append(Stage("refresh", self._refresh))
-        if self.autopilot is not None:
-            stages.append(Stage("autopilot", self.autopilot.at_boundary))
-        if self.data_parallel is not None:
-            stages.append(Stage("distributed", self.data_parallel.at_boundary))
-        stages.append(Stage("hooks", self._run_boundary_hooks))
-        return stages
-
-    def _apply_policy(self, step: int) -> None:
-        if self.data_parallel is not None:  # what rank 0 sent at the last boundary
-            self.data_parallel.policy_sync.at_boundary(step)
-        else:
-            self.policy.apply_pending(step)
-
-    def _refresh(self, step: int) -> Any:
-        assert self.refresh is not None  # the stage exists only with the engine
-        self.refresh.on_boundary(step)
-        return self.refresh.figures
-
-    def _run_boundary_hooks(self, step: int) -> None:
-        for hook in list(self._boundary_hooks):
-            hook(step)

@@ -3,10 +3,11 @@
 Every metric lives in a private `CollectorRegistry`, so several runs (or tests) in one process
 never collide. The step record is the source: `observe(record)` counts its step, tokens, phases
 and idle time, and every gauge and counter of the runtime (staleness, queue, policy, tiers,
-refresh failures, bytes moved, a rank's exchange) is read from the newest record's sections
-(`RECORD_GAUGES`, `_RecordCollector`). Histograms of events a record does not hold (each
-refresh's time, each block's staleness) are fed by the reporter; device and energy figures come
-from a collector that reads the energy monitor at scrape time. The contract is docs/metrics.md.
+refresh failures, bytes moved, the optimizer's state bytes, a rank's exchange) is read from the
+newest record's sections (`RECORD_GAUGES`, `_RecordCollector`). Histograms of events a record
+does not hold (each refresh's time, each block's staleness) are fed by the reporter; device and
+energy figures come from a collector that reads the energy monitor at scrape time. The contract
+is docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -174,9 +175,10 @@ class _BatchHistogram(Collector):
 
 class _RecordCollector(Collector):
     """The runtime's gauges and counters, read from step records: RECORD_GAUGES; the tiers'
-    bytes, budgets and bytes moved; refresh failures and inline fallbacks (counters whose value
-    is the total the newest record carries); a data-parallel rank's place and exchange. A
-    section's series are absent until a record has that section."""
+    bytes, budgets and bytes moved; the optimizer's state bytes by kind; refresh failures and
+    inline fallbacks (counters whose value is the total the newest record carries); a
+    data-parallel rank's place and exchange. A section's series are absent until a record has
+    that section."""
 
     def __init__(self) -> None:
         self._values: dict[str, float] = {}
@@ -201,6 +203,7 @@ class _RecordCollector(Collector):
             return
         yield from self._refresh(record)
         yield from self._tiers(record)
+        yield from self._state(record)
         yield from self._distributed(record)
         yield from self._autopilot(record)
 
@@ -234,6 +237,18 @@ class _RecordCollector(Collector):
             for dst, nbytes in by_dst.items():
                 moved.add_metric([src, dst], nbytes)
         yield from (held, budget, moved)
+
+    @staticmethod
+    def _state(record: StepRecord) -> Iterator[Metric]:
+        f = record.state
+        if f is None:
+            return
+        held = GaugeMetricFamily("asteria_optimizer_state_bytes", "Optimizer-state bytes by "
+                                 "kind (moments, factors, bases, other), as last counted.",
+                                 labels=["kind"])
+        for kind, nbytes in f.bytes.items():
+            held.add_metric([kind], nbytes)
+        yield held
 
     @staticmethod
     def _distributed(record: StepRecord) -> Iterator[Metric]:

@@ -1,6 +1,7 @@
 """Every bounded label value the telemetry knows, in one module that imports nothing: the phases
-of a step, the causes of idle time, the state tiers and the energy sources. The tuples hold the
-plain values (what records, JSON and Prometheus labels carry); code compares with the members.
+of a step, the causes of idle time, the state tiers, the kinds of optimizer state and the energy
+sources. The tuples hold the plain values (what records, JSON and Prometheus labels carry); code
+compares with the members.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ class Tier(StrEnum):
     DISK = "disk"
 
 
+class StateKind(StrEnum):
+    """What a piece of optimizer state is (telemetry/state_bytes.py sorts the state into these)."""
+
+    MOMENTS = "moments"  # Adam's first and second moments, in whatever basis
+    FACTORS = "factors"  # a second-order optimizer's factor statistics
+    BASES = "bases"  # the bases (or inverse roots) in use
+    OTHER = "other"  # everything else: step counts, eigenvalues, grafting, momentum
+
+
 class EnergySource(StrEnum):
     NVML = "nvml"  # measured: the GPU's own counter
     RAPL = "rapl"  # measured: the CPU package's counter
@@ -62,6 +72,7 @@ IDLE_CAUSES = tuple(c.value for c in IdleCause)
 WAIT_CAUSES = tuple(c.value for c in IdleCause if c != IdleCause.OTHER)
 """Causes a part may report."""
 TIERS = tuple(t.value for t in Tier)
+STATE_KINDS = tuple(k.value for k in StateKind)
 SOURCES = tuple(s.value for s in EnergySource)
 
 

@@ -3,8 +3,9 @@
 The runtime builds a record at each step boundary: the loop's figures (loss, lr, tokens, phase
 spans) at the top level, and one section per part of the runtime that has figures of its own:
 `timing` (telemetry's idle attribution), `refresh` (the refresh engine), `tiers` (the tier
-store) and `energy` (the meters). A section is None when its part is absent (an AdamW run has no
-`refresh`, a run without telemetry no `timing`), so "not reported" is never written as zeros.
+store), `state` (the optimizer's state bytes) and `energy` (the meters). A section is None when
+its part is absent (an AdamW run has no `refresh`, a run without telemetry no `timing`), so "not
+reported" is never written as zeros.
 Each figure has one name, used by the JSON, the dashboard and docs/metrics.md alike.
 """
 
@@ -72,6 +73,17 @@ class TierFigures:
     """Share of off-device state uses whose prefetch was done in time (None: no such use)."""
     transfer_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
     """Bytes moved between tiers since the start, {source tier: {destination tier: bytes}}."""
+
+
+@dataclass(slots=True)
+class StateFigures:
+    """The optimizer's state bytes by kind (telemetry/state_bytes.py), counted at a cheap
+    cadence: the records between two counts carry the last one."""
+
+    bytes: dict[str, int]
+    """Bytes per kind (moments, factors, bases, other), wherever the tiers keep them."""
+    counted_step: int
+    """The step at whose boundary they were counted."""
 
 
 @dataclass(slots=True)
@@ -152,6 +164,7 @@ class StepRecord:
     timing: TimingFigures | None = None
     refresh: RefreshFigures | None = None
     tiers: TierFigures | None = None
+    state: StateFigures | None = None
     energy: EnergyFigures | None = None
     distributed: DistributedFigures | None = None
     autopilot: AutopilotFigures | None = None

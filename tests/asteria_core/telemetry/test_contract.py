@@ -100,6 +100,8 @@ def test_exposition_after_a_real_run_holds_every_contract_metric_with_type_and_l
             assert value(fams, "asteria_tier_transfer_bytes", "_total", src=src, dst=dst) == \
                 nbytes
     assert value(fams, "asteria_tier_prefetch_hit_ratio") == last.tiers.prefetch_hit_ratio
+    for kind, nbytes in last.state.bytes.items():
+        assert value(fams, "asteria_optimizer_state_bytes", kind=kind) == nbytes
     assert value(fams, "asteria_steps", "_total") == 6
     blocks = len(trainer.runtime.refresh.blocks)
     assert value(fams, "asteria_preconditioner_staleness_steps", "_count") == 6 * blocks
