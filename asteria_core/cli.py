@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
-import os
 import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from asteria_core.torchrun import Ranks
 from asteria_core.train.command import train_command
 from asteria_core.train.config import ConfigError, RunConfig
 from asteria_core.train.config_docs import describe_keys, section_summary
@@ -144,13 +144,10 @@ routine, so only their warnings are shown."""
 
 
 def _rank_from_env() -> int:
-    """This process's rank under torchrun, from its environment (0 outside torchrun, and when
-    the environment is malformed: the run refuses that later, naming the variable). Not
-    `parallel.Ranks.from_env()`: logging is set up for every command, and that module loads
-    torch, which `asteria keys` or `--help` must not wait for."""
+    """This process's rank under torchrun (0 outside torchrun, and when the environment is
+    malformed: the run refuses that later, naming the variable)."""
     try:
-        world = int(os.environ.get("WORLD_SIZE") or 1)
-        return int(os.environ.get("RANK") or 0) if world > 1 else 0
+        return Ranks.from_env().rank
     except ValueError:
         return 0
 

@@ -54,6 +54,7 @@ OPTIM_FORBIDDEN = ("threading", "multiprocessing", "torch.distributed")
 RANKS = {
     "asteria_core.machine": -1,  # the machine's cores and memory: the bounds everything obeys
     "asteria_core.compat": -2,  # what Python 3.10 lacks (StrEnum, tomllib), from the backports
+    "asteria_core.torchrun": -2,  # torchrun's environment, read once (no torch)
     "asteria_core.extras": -2,  # the optional parts of an install and the modules each needs
     "asteria_core.fields": -1,  # each setting described once: kind, bounds, help (no imports)
     "asteria_core.policy": 0,

@@ -9,11 +9,11 @@ least loaded rank, so each node's share and each rank's share of refresh work ar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from asteria_core.optim.seam import BlockInfo, BlockKey
+from asteria_core.torchrun import Ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class Topology:
     @classmethod
     def from_env(cls, world: int, rank: int) -> Topology:
         """torchrun's LOCAL_WORLD_SIZE (the whole world on one node when it is unset)."""
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        local = Ranks.from_env(group=(world, rank)).local_world
         return cls(world=world, rank=rank, local_world=local)
 
     @property

@@ -106,7 +106,7 @@ def _train(config: RunConfig, args: argparse.Namespace, run: list[Any],
     from asteria_core.train.trainer import Trainer
 
     try:
-        ranks = parallel.Ranks.from_env()
+        ranks = parallel.job_ranks()
         parallel.check(config, ranks)  # before any collective: every rank refuses alike
     except ConfigError as err:
         print(f"asteria: config error: {err}", file=sys.stderr)

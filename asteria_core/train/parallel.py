@@ -2,9 +2,9 @@
 
     torchrun --nproc-per-node 2 -m asteria_core.cli train --optim.name soap --train.steps 2000
 
-`Ranks.from_env()` reads torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK,
-LOCAL_WORLD_SIZE); with more than one rank the trainer initializes the process group (gloo on
-CPU, NCCL on CUDA with the device LOCAL_RANK), builds the same initial model on every rank,
+`job_ranks()` reads torchrun's environment (`asteria_core.torchrun.Ranks`); with more than one
+rank the trainer initializes the process group (gloo on CPU, NCCL on CUDA with the device
+LOCAL_RANK), builds the same initial model on every rank,
 draws each rank's own batches (seed + rank, so one step trains world x data.batch_size
 sequences), wraps the model in DistributedDataParallel and lets the runtime go data-parallel by
 itself, as the run config's `[runtime]` section says (replicated: owner ranks, bases sent in the
@@ -19,8 +19,7 @@ the progress bar.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,6 +31,7 @@ from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.registry import spec_of
 from asteria_core.policy import SwapMode
 from asteria_core.runtime.section import DEFAULTS
+from asteria_core.torchrun import Ranks
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
 from asteria_core.train.config import RunConfig
 from asteria_core.validation import ConfigError
@@ -39,58 +39,12 @@ from asteria_core.validation import ConfigError
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Ranks:
-    """Where this process is in the job: rank and world, and inside its node."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    local_world: int = 1
-
-    @property
-    def parallel(self) -> bool:
-        return self.world > 1
-
-    @property
-    def main(self) -> bool:
-        """Rank 0: the one that writes the run's outputs."""
-        return self.rank == 0
-
-    @classmethod
-    def from_env(cls, environ: os._Environ | dict[str, str] | None = None) -> Ranks:
-        """torchrun's layout from its environment; one rank when WORLD_SIZE is unset or 1, or
-        the process group a script initialized itself."""
-        env = os.environ if environ is None else environ
-        if dist.is_available() and dist.is_initialized():
-            world, rank = dist.get_world_size(), dist.get_rank()
-        else:
-            world = _int_env(env, "WORLD_SIZE", 1)
-            if world <= 1:
-                return cls()
-            rank = _int_env(env, "RANK", -1)
-        local_rank = _int_env(env, "LOCAL_RANK", rank)
-        local_world = _int_env(env, "LOCAL_WORLD_SIZE", world)
-        if not (0 <= rank < world and 0 <= local_rank < local_world <= world):
-            raise ValueError(f"torchrun environment: got RANK {rank}, WORLD_SIZE {world}, "
-                             f"LOCAL_RANK {local_rank}, LOCAL_WORLD_SIZE {local_world}; "
-                             "allowed: 0 <= RANK < WORLD_SIZE and 0 <= LOCAL_RANK < "
-                             "LOCAL_WORLD_SIZE <= WORLD_SIZE (launch with torchrun)")
-        return cls(rank, world, local_rank, local_world)
-
-    def describe(self) -> str:
-        return f"rank {self.rank} of {self.world} ({self.local_world} per node)"
-
-
-def _int_env(env, name: str, default: int) -> int:
-    text = env.get(name, "")
-    if text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"torchrun environment: {name} is {text!r}; allowed: an integer") \
-            from None
+def job_ranks(environ: Mapping[str, str] | None = None) -> Ranks:
+    """This process's place in the job: torchrun's environment, or the process group a script
+    initialized itself (its world and rank stand for WORLD_SIZE and RANK)."""
+    initialized = dist.is_available() and dist.is_initialized()
+    group = (dist.get_world_size(), dist.get_rank()) if initialized else None
+    return Ranks.from_env(environ, group)
 
 
 def check(config: RunConfig, ranks: Ranks) -> None:

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from asteria_core.torchrun import Ranks
 from asteria_core.train import checkpoint as ckpt
-from asteria_core.train.parallel import Ranks, rank_checkpoint
+from asteria_core.train.parallel import rank_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from asteria_core.train.data import (
 )
 from asteria_core.train.model import GPT
 from asteria_core.train.optimizers import optimizer_from_config
-from asteria_core.train.parallel import Ranks, StopVote
+from asteria_core.train.parallel import StopVote, job_ranks
 from asteria_core.train.progress import progress_bar, progress_figures
 from asteria_core.train.run_lock import RunFolderLock
 from asteria_core.train.schedule import build_scheduler
@@ -95,7 +95,7 @@ class Trainer:
         """`optimizer_factory`: builds the optimizer from the model instead of `config.optim`
         (a benchmark's peer optimizer, trained on the same model, data and schedule).
         `refresh_fn`: the refresh math (the seam; a benchmark may emulate a slower host)."""
-        self.ranks = Ranks.from_env()
+        self.ranks = job_ranks()
         parallel.check(config, self.ranks)
         self.device = parallel.rank_device(resolve_device(config.train.device), self.ranks)
         self._owns_group = parallel.init_group(self.device, self.ranks)

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from asteria_core.distributed.policy_sync import HEADER_BYTES
+from asteria_core.torchrun import Ranks
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train import parallel
 from asteria_core.train.config import ConfigError, RunConfig
 from asteria_core.train.config_io import config_from_dict
 from asteria_core.train.model import GPT
-from asteria_core.train.parallel import Ranks
 from asteria_core.train.trainer import Trainer
 from backend.store import RunStore
 from tests.backend.conftest import free_port

@@ -13,10 +13,10 @@ from asteria_core import cli
 from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
 from asteria_core.runtime import RuntimeConfig
 from asteria_core.runtime.section import SETTINGS, RuntimeSection
+from asteria_core.torchrun import Ranks
 from asteria_core.train import parallel
 from asteria_core.train.config import ConfigError
 from asteria_core.train.config_io import config_from_dict, config_to_dict
-from asteria_core.train.parallel import Ranks
 
 
 def test_a_file_and_overrides_set_the_runtime_options(tmp_path):
