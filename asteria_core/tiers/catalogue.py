@@ -7,6 +7,7 @@ what an entry is); a plan sets each entry's home `tier` in place.
 from __future__ import annotations
 
 from asteria_core.optim.base import BlockPreconditioner
+from asteria_core.optim.state_keys import FACTORS
 from asteria_core.tiers.lifecycle import Entry, classify, leaves
 
 
@@ -42,5 +43,5 @@ class StateCatalogue:
 
     def factor_itemsize(self, index: int) -> int:
         """Bytes per element of parameter `index`'s factor blocks (4 where it has none)."""
-        return max((e.dtype.itemsize for e in self.of(index) if e.path[0] == "factors"),
+        return max((e.dtype.itemsize for e in self.of(index) if e.path[0] == FACTORS),
                    default=4)
