@@ -33,6 +33,8 @@ class FactorStatistics:
             weakref.WeakValueDictionary()
         """Factor blocks a snapshot holds without a copy, by id: their next update writes a new
         tensor (copy on write). An entry goes when its tensor dies, before its id can be reused."""
+        self.handed = 0
+        """Blocks handed to or from this rank so far (`hand`): what this rank keeps changed."""
 
     # ---- the per-step math ----------------------------------------------------------------
     def keeps(self, dim: int, chunk: int | None = None) -> bool:
@@ -126,3 +128,4 @@ class FactorStatistics:
             kept = torch.empty(0, dtype=old.dtype, device=old.device) if factor is None else \
                 factor.to(old.device, old.dtype)
             state[FACTORS][key.dim][key.chunk] = kept
+        self.handed += 1

@@ -9,7 +9,7 @@ docs/architecture.md ("The step boundary"):
 2. tiers: re-plan and migrate state after a budget change -> record.tiers;
 3. refresh: swap in due bases (waiting only at the bound), snapshot and queue the blocks due
    a refresh -> record.refresh;
-4. state: the optimizer's state bytes by kind, counted at a cheap cadence
+4. state: the optimizer's state bytes by kind, counted where their size can change
    (telemetry/state_bytes.py `StateCount`) -> record.state;
 5. autopilot: decide on the records so far; a change is proposed to the operator or queued
    like a PATCH (in force from the next boundary) -> record.autopilot;

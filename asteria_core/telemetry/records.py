@@ -77,8 +77,8 @@ class TierFigures:
 
 @dataclass(slots=True)
 class StateFigures:
-    """The optimizer's state bytes by kind (telemetry/state_bytes.py), counted at a cheap
-    cadence: the records between two counts carry the last one."""
+    """The optimizer's state bytes by kind (telemetry/state_bytes.py), counted where its size
+    can have changed: the records between two counts carry the last one."""
 
     bytes: dict[str, int]
     """Bytes per kind (moments, factors, bases, other), wherever the tiers keep them."""

@@ -8,8 +8,8 @@ counts this rank's shard, a placeholder of no elements nothing. States may nest:
 dicts and dataclasses (Distributed Shampoo keeps its factors so); an entry's kind is its key in
 the parameter's state.
 
-Counting walks the whole state, a few microseconds per tensor: the runtime counts at a cheap
-cadence (`StateCount`), not at every step.
+Counting walks the whole state, a few microseconds per tensor: the runtime counts only where
+the state's size can have changed (`StateCount`), not at every step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from asteria_core.optim.base import BASES, EXP_AVG, FACTORS, local_shard
+from asteria_core.optim.base import BASES, EXP_AVG, FACTORS, BlockPreconditioner, local_shard
 from asteria_core.optim.soap import EXP_AVG_E, EXP_AVG_SQ
 from asteria_core.policy import LivePolicy
 from asteria_core.telemetry.labels import STATE_KINDS, StateKind
@@ -72,21 +72,31 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 
 class StateCount:
-    """The boundary stage that fills the record's `state` section. It counts at the first
-    boundary, every `refresh_interval` steps after (the refresh rounds' cadence) and at a
-    boundary where the policy changed (the tier store re-plans there, a second-order optimizer's
-    interval may move); the records in between carry the last count."""
+    """The boundary stage that fills the record's `state` section. It counts where the state's
+    size can have changed: at the first boundary, where the state gained or lost entries (a
+    parameter's first step, a moment built lazily), where block ownership moved between ranks
+    (a rebalance hands factors over) and where the policy changed (the tier store re-plans).
+    The state's tensors keep their sizes otherwise (a tier moves them, and counts them at full
+    size wherever they live), so the records in between carry the last count: a walk over the
+    state each step would cost a measurable share of a small model's step."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, policy: LivePolicy) -> None:
         self.optimizer, self.policy = optimizer, policy
         self.figures: StateFigures | None = None
         """The last count."""
-        self._version = policy.version
+        self._counted_at: tuple[int, int, int] | None = None
+
+    def _shape(self) -> tuple[int, int, int]:
+        """What changes when the state's size can: the policy's version, the blocks handed
+        between ranks, the state's entries (one `len` per parameter: cheap)."""
+        handed = self.optimizer.factors.handed \
+            if isinstance(self.optimizer, BlockPreconditioner) else 0
+        entries = sum(len(s) if isinstance(s, dict) else 1 for s in self.optimizer.state.values())
+        return self.policy.version, handed, entries
 
     def __call__(self, step: int) -> StateFigures:
-        version = self.policy.version
-        if self.figures is None or version != self._version or \
-                step % self.policy.current.refresh_interval == 0:
-            self._version = version
+        shape = self._shape()
+        if self.figures is None or shape != self._counted_at:
+            self._counted_at = shape
             self.figures = StateFigures(bytes=state_bytes(self.optimizer), counted_step=step)
         return self.figures

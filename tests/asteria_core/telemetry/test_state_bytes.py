@@ -1,5 +1,5 @@
 """The optimizer's state bytes by kind: the figure, the record's `state` section that carries it
-at its cadence, and the gauge `/metrics` reads from the record."""
+between the boundaries where it can change, and the gauge `/metrics` reads from the record."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import asteria_core as asteria
-from asteria_core.policy import Policy
+from asteria_core.policy import LivePolicy, Policy
 from asteria_core.telemetry.labels import STATE_KINDS
-from asteria_core.telemetry.state_bytes import state_bytes, tensor_bytes
+from asteria_core.telemetry.state_bytes import StateCount, state_bytes, tensor_bytes
 from asteria_core.train.config import ModelConfig
 from asteria_core.train.model import GPT
 from tests.asteria_core.telemetry.conftest import families, value
@@ -39,6 +39,15 @@ def train(model, opt, steps: int, after=None) -> list:
             after(i + 1)
     opt.runtime.end_step()
     return records
+
+
+def train_bare(model, opt, steps: int) -> None:
+    for i in range(steps):
+        g = torch.Generator().manual_seed(i)
+        x, y = (torch.randint(0, 256, (4, 16), generator=g) for _ in range(2))
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def every_tensor(value) -> list[torch.Tensor]:
@@ -85,25 +94,45 @@ def test_nested_state_counts_each_tensor_once_and_placeholders_nothing():
     assert tensor_bytes(state) == 8 * 4 + 2 * 8 + 3 * 4 + 2 * 5 * 4
 
 
-def test_records_carry_the_count_of_the_first_step_of_each_interval_and_of_a_policy_change():
+def test_every_record_carries_the_states_size_at_its_step_counted_only_where_it_changed():
+    """The count is carried between boundaries; it must still be the state's true size at every
+    step: after the first steps build the state and after a policy change."""
     model = tiny_gpt()
     opt = asteria.optimizer(model, "soap", policy=Policy(refresh_interval=3, staleness_bound=3))
     runtime = opt.runtime
-    counts = {}
+    truth = {}
 
     def after(step):
-        counts[step] = state_bytes(opt)
+        truth[step] = state_bytes(opt)
         if step == 4:
             runtime.policy.propose({"staleness_bound": 2})
 
     try:
-        records = train(model, opt, 8, after)
+        records = train(model, opt, 12, after)
     finally:
         runtime.close()
-    assert [r.state.counted_step for r in records] == [1, 1, 3, 3, 5, 6, 6, 6]
     for r in records:
-        assert r.state.bytes == counts[r.state.counted_step]
+        assert r.state.bytes == truth[r.step], r.step
+    counted = sorted({r.state.counted_step for r in records})
+    assert counted[0] == 1 and len(counted) < len(records)  # carried between counts
+    policy_step = next(r.step for r in records if r.policy_version == 2)
+    assert policy_step - 1 in counted  # the boundary that made the change current
     assert records[0].state.bytes["bases"] > 0  # the first bases are swapped in at step 1
+
+
+def test_a_factor_handed_to_another_rank_is_counted_at_the_next_boundary():
+    """A rank that stops owning a block keeps an empty placeholder for its factor (a rebalance
+    hands it over): the state shrank without an entry or the policy changing."""
+    model = tiny_gpt()
+    opt = asteria.SOAP(model.parameters(), precondition_frequency=3)
+    train_bare(model, opt, 2)
+    count = StateCount(opt, LivePolicy(Policy()))
+    before = count(2)
+    assert count(3) is before  # nothing changed: carried
+    opt.factors.hand(opt.refresh_blocks()[0].key, None)
+    after = count(4)
+    assert after.counted_step == 4 and after.bytes == state_bytes(opt)
+    assert after.bytes["factors"] < before.bytes["factors"]
 
 
 def test_metrics_show_the_newest_records_state_bytes():
