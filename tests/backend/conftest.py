@@ -10,6 +10,7 @@ import httpx
 import pytest
 import uvicorn
 
+from asteria_core.train.data import BatchLoader
 from backend.app import create_app
 from backend.serving import uvicorn_config
 from backend.settings import Settings
@@ -17,6 +18,8 @@ from backend.settings import Settings
 TOKEN = "test-token-123"
 HANG_GUARD = 120.0
 """Seconds before a wait is taken for a hang: generous, for a machine loaded at ~10."""
+PACE_SECONDS = 0.005
+"""The pause before each batch of a run trained in the test process (`paced_steps`)."""
 TINY = {
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
     "data": {"batch_size": 4},
@@ -84,3 +87,21 @@ def wait_for(predicate, timeout: float = HANG_GUARD, interval: float = 0.05):
             return value
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(interval)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def paced_steps():
+    """Runs started here train in a thread of the test's own process, beside the server's
+    threads. The tiny model's step is ~2 ms of Python that holds the GIL nearly throughout, so
+    a run left training starves the request handlers and the test itself (a test waiting on a
+    response waits for GIL hand-offs, not for work). A 5 ms pause before each batch, as a slow
+    input pipeline would, gives the GIL back; what the tests check does not depend on the rate."""
+    real = BatchLoader.next_batch
+
+    def paced(self):
+        time.sleep(PACE_SECONDS)
+        return real(self)
+
+    with pytest.MonkeyPatch.context() as patch:  # module-wide: module fixtures start runs too
+        patch.setattr(BatchLoader, "next_batch", paced)
+        yield

@@ -8,7 +8,7 @@ import pytest
 import streamlit as st
 
 from backend.settings import Settings
-from tests.backend.conftest import TOKEN, LiveServer, free_port
+from tests.backend.conftest import TOKEN, LiveServer, free_port, paced_steps  # noqa: F401 (runs here pace too)
 from tests.components import missing
 from tests.dashboard.stack import chromium, tiny_run, wait_until
 
