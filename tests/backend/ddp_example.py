@@ -1,6 +1,7 @@
 """examples/ddp_loop.py under real torchrun with 2 ranks, left training: rank 0 serves the
 control plane (`backend.serve`), rank 1 its own /metrics and its file_sd target file under the
-control plane's data dir. For the per-rank view's tests (backend and dashboard)."""
+control plane's data dir. For the per-rank view's tests (backend and dashboard). Launched
+through ddp_paced.py: the example unchanged, its steps paced so the job idles between them."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import httpx
 from tests.backend.conftest import TOKEN, free_port
 from tests.procs import alive, descendants
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_loop.py"
+PACED = Path(__file__).with_name("ddp_paced.py")
 START_SECONDS = 240
 
 
@@ -85,7 +86,7 @@ def ddp_example(folder: Path) -> Iterator[DdpExample]:
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-             "--master-port", str(free_port()), str(EXAMPLE), "--steps", "10000000",
+             "--master-port", str(free_port()), str(PACED), "--steps", "10000000",
              "--port", str(port), "--metrics-port", "0", "--data-dir", str(data)],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     try:

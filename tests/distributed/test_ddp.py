@@ -39,10 +39,9 @@ def torchrun(out: Path, *extra: str, nproc: int = 2, nnodes: int = 1) -> None:
         assert proc.returncode == 0, output[-4000:]
 
 
-def single(out: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def run_single(out: Path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--single", "--steps", str(STEPS), "--out",
                     str(out)], check=True, timeout=300)
-    return torch.load(out / "rank0.pt"), json.loads((out / "rank0.json").read_text())
 
 
 def ranks(out: Path, world: int) -> tuple[list[dict], list[dict]]:
@@ -211,15 +210,14 @@ def test_the_ddp_example_trains_with_the_control_plane_on_rank_0(tmp_path, mode)
     assert 'rank: "1"' in target
 
 
-def test_a_killed_rank_stops_the_job_naming_it_and_a_restart_resumes_exactly(tmp_path):
+def test_a_killed_rank_stops_the_job_naming_it_and_a_restart_resumes_exactly(tmp_path,
+                                                                            checkpointed):
     """Each rank checkpoints every 10 steps (its own optimizer shard: only owners hold factor
     statistics). Rank 1 is SIGKILLed at step 15: torchrun (without --max-restarts) stops the
     job with an error naming the rank, and the checkpoints stay; the job launched again resumes
     from step 10 and ends where an uninterrupted run ends, bit for bit. (torchrun's in-place
     restart, --max-restarts, resumes the same way: test_restart.py.)"""
-    straight = tmp_path / "straight"
-    torchrun(straight, "--checkpoint-every", "10")
-    expected = [torch.load(straight / f"rank{r}.pt") for r in range(2)]
+    expected = [torch.load(checkpointed / f"rank{r}.pt") for r in range(2)]
 
     died = tmp_path / "died"
     port = free_port()

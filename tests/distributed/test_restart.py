@@ -14,19 +14,18 @@ import pytest
 import torch
 
 from tests.backend.conftest import free_port
-from tests.distributed.test_ddp import SCRIPT, STEPS, ranks, torchrun
+from tests.distributed.test_ddp import SCRIPT, STEPS, ranks
 
 pytestmark = pytest.mark.multiproc
 
 
-def test_torchrun_restarts_a_killed_rank_in_place_and_the_run_resumes_exactly(tmp_path):
+def test_torchrun_restarts_a_killed_rank_in_place_and_the_run_resumes_exactly(tmp_path,
+                                                                              checkpointed):
     """Each rank checkpoints every 10 steps; rank 1 SIGKILLs itself at step 15 in the first
     attempt only. torchrun (--max-restarts 1) restarts both ranks in place: they connect their
     groups again (the default one, the version exchange's and the policy sync's), resume from
     step 10 and finish; the parameters equal an uninterrupted run's, bit for bit."""
-    straight = tmp_path / "straight"
-    torchrun(straight, "--checkpoint-every", "10")
-    expected = [torch.load(straight / f"rank{r}.pt") for r in range(2)]
+    expected = [torch.load(checkpointed / f"rank{r}.pt") for r in range(2)]
 
     restarted = tmp_path / "restarted"
     proc = subprocess.run(

@@ -145,17 +145,38 @@ def _rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank} under {launcher}")
 
 
-def test_a_signal_on_one_rank_stops_every_rank_at_one_step_and_a_relaunch_resumes_exactly(
-        tmp_path, straight):
-    """SIGTERM to rank 1 alone: every rank stops at one step and checkpoints it; the same
-    command launched again (train.resume = auto) resumes there and ends with the parameters of
-    the uninterrupted run, bit for bit, with each step's record once."""
-    proc = launch("asteria_core.cli", tmp_path, "--train.resume", "auto")
+def _kill_rank_1_after(proc: subprocess.Popen, records: Path, steps: int) -> int:
+    """SIGKILL rank 1 once rank 0 has recorded `steps` steps; the last step recorded then."""
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        found = list(records.glob("*/steps.jsonl"))
+        lines = found[0].read_text().splitlines() if found else []
+        if len(lines) >= steps:
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)
+            return json.loads(lines[-1])["step"]
+        time.sleep(0.01)
+    raise AssertionError("the run ended or stalled before the kill")
+
+
+def _checkpointed_steps(folder: Path) -> list[int]:
+    return [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"],
+            ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["step"]]
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory) -> dict:
+    """One run interrupted twice, each interruption followed by a relaunch of the same command
+    (train.resume = auto): SIGTERM to rank 1 alone after 25 steps; in the relaunch, kill -9 of
+    rank 1 between two checkpoints (every 20 steps); the last launch runs to the end. What each
+    launch left and printed is kept for the tests below."""
+    out = tmp_path_factory.mktemp("interrupted")
+    seen: dict = {"out": out}
+    proc = launch("asteria_core.cli", out, "--train.resume", "auto")
     signalled = False
     try:
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline:
-            records = list(tmp_path.glob("*/steps.jsonl"))
+            records = list(out.glob("*/steps.jsonl"))
             if records and len(records[0].read_text().splitlines()) >= 25:
                 os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
                 signalled = True
@@ -164,23 +185,71 @@ def test_a_signal_on_one_rank_stops_every_rank_at_one_step_and_a_relaunch_resume
     finally:
         _, err = finish(proc, ok=False)
     assert signalled, err[-3000:]
-    assert proc.returncode != 0  # torchrun reports the rank the signal stopped
-    assert "rank 1: stopped by SIGTERM at step" in err, err[-3000:]
-    folder = run_dir(tmp_path)
-    stopped = [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"],
-               ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["step"]]
+    folder = run_dir(out)
+    seen["signalled"] = {"returncode": proc.returncode, "err": err,
+                         "checkpointed": _checkpointed_steps(folder),
+                         "last_record": steps_of(folder)[-1]["step"]}
+
+    # Relaunched, it resumes; rank 1 is killed past the next multiple of 20 steps.
+    stopped = seen["signalled"]["checkpointed"][0]
+    kill_after = (stopped // 20 + 1) * 20 + 7
+    assert kill_after < STEPS - 10, f"the signal came too late: {stopped}"
+    proc = launch("asteria_core.cli", out, "--train.resume", "auto")
+    try:
+        killed_after = _kill_rank_1_after(proc, out, kill_after)
+    finally:
+        resumed_out, _ = finish(proc, ok=False)
+    seen["killed"] = {"returncode": proc.returncode, "out": resumed_out,
+                      "killed_after": killed_after, "run": run_dir(out),
+                      "checkpointed": _checkpointed_steps(folder)}
+
+    seen["final"], _ = finish(launch("asteria_core.cli", out, "--train.resume", "auto"))
+    seen["folder"] = folder
+    return seen
+
+
+def test_a_signal_on_one_rank_stops_every_rank_at_one_step_and_a_relaunch_resumes_exactly(
+        interrupted, straight):
+    """SIGTERM to rank 1 alone: every rank stops at one step and checkpoints it; the same
+    command launched again (train.resume = auto) resumes there, and the run ends with the
+    parameters of the uninterrupted run, bit for bit, with each step's record once."""
+    signalled, folder = interrupted["signalled"], interrupted["folder"]
+    assert signalled["returncode"] != 0  # torchrun reports the rank the signal stopped
+    assert "rank 1: stopped by SIGTERM at step" in signalled["err"], signalled["err"][-3000:]
+    stopped = signalled["checkpointed"]
     assert stopped[0] == stopped[1], stopped
     assert 25 <= stopped[0] < STEPS, f"the signal came too late: {stopped}"
-    assert steps_of(folder)[-1]["step"] == stopped[0]
+    assert signalled["last_record"] == stopped[0]
 
-    out, _ = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
-    assert f"resumed {folder / ckpt.CHECKPOINT_NAME} at step {stopped[0]}" in out
-    assert run_dir(tmp_path) == folder  # the same run, continued
+    relaunched = interrupted["killed"]
+    assert f"resumed {folder / ckpt.CHECKPOINT_NAME} at step {stopped[0]}" in relaunched["out"]
+    assert relaunched["run"] == folder  # the same run, continued
     expected = models(straight[0])
     got = models(folder)
     assert same(got[0], got[1])
     assert same(got[0], expected[0])
     assert [r["step"] for r in steps_of(folder)] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
+
+
+def test_a_rank_killed_between_checkpoints_leaves_a_run_every_relaunch_resumes(
+        interrupted, straight):
+    """kill -9 of rank 1 between checkpoints (every 20 steps): rank 0 fails at its next
+    collective and saves nothing on the way out, so both ranks still share their last step;
+    the same command launched again resumes there and ends as the uninterrupted run, with the
+    same loss at every step."""
+    killed, folder = interrupted["killed"], interrupted["folder"]
+    assert killed["returncode"] != 0
+    steps = killed["checkpointed"]
+    assert steps[0] % 20 == 0 and steps[0] <= killed["killed_after"], (steps,
+                                                                       killed["killed_after"])
+    assert steps[0] > interrupted["signalled"]["checkpointed"][0]  # a checkpoint of this launch
+
+    out = interrupted["final"]
+    resumed = int(out.split(f"resumed {folder / ckpt.CHECKPOINT_NAME} at step ")[1].split()[0])
+    assert resumed == min(steps) and resumed % 20 == 0
+    got, expected = models(folder), models(straight[0])
+    assert same(got[0], got[1]) and same(got[0], expected[0])
     assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
 
 
@@ -253,44 +322,6 @@ def test_a_data_parallel_checkpoint_resumes_only_the_layout_that_wrote_it(straig
     with pytest.raises(ValueError, match=r"^train.resume: .* was written by a run of 2 "
                                          r"rank\(s\), 2 per node; this run has 1"):
         Trainer(config)
-
-
-def _kill_rank_1_after(proc: subprocess.Popen, records: Path, steps: int) -> int:
-    """SIGKILL rank 1 once rank 0 has recorded `steps` steps; the last step recorded then."""
-    deadline = time.monotonic() + 180
-    while proc.poll() is None and time.monotonic() < deadline:
-        found = list(records.glob("*/steps.jsonl"))
-        lines = found[0].read_text().splitlines() if found else []
-        if len(lines) >= steps:
-            os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)
-            return json.loads(lines[-1])["step"]
-        time.sleep(0.01)
-    raise AssertionError("the run ended or stalled before the kill")
-
-
-def test_a_rank_killed_between_checkpoints_leaves_a_run_every_relaunch_resumes(
-        tmp_path, straight):
-    """kill -9 of rank 1 between checkpoints (every 20 steps): rank 0 fails at its next
-    collective and saves nothing on the way out, so both ranks still share their last step;
-    the same command launched again resumes there and ends as the uninterrupted run, with the
-    same loss at every step."""
-    proc = launch("asteria_core.cli", tmp_path, "--train.resume", "auto")
-    try:
-        killed_after = _kill_rank_1_after(proc, tmp_path, 27)
-    finally:
-        finish(proc, ok=False)
-    assert proc.returncode != 0
-    folder = run_dir(tmp_path)
-    steps = [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["step"],
-             ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["step"]]
-    assert steps[0] % 20 == 0 and steps[0] <= killed_after, (steps, killed_after)
-
-    out, _ = finish(launch("asteria_core.cli", tmp_path, "--train.resume", "auto"))
-    resumed = int(out.split(f"resumed {folder / ckpt.CHECKPOINT_NAME} at step ")[1].split()[0])
-    assert resumed == min(steps) and resumed % 20 == 0
-    got, expected = models(folder), models(straight[0])
-    assert same(got[0], got[1]) and same(got[0], expected[0])
-    assert [r["loss"] for r in steps_of(folder)] == [r["loss"] for r in steps_of(straight[0])]
 
 
 def test_a_rank_killed_while_saving_resumes_the_step_every_rank_has(tmp_path, straight):
