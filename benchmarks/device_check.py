@@ -87,15 +87,24 @@ def run_suite(name: str, device: str, size: str, out: Path) -> int:
     return run(args)
 
 
+def gpu_test_files() -> list[str]:
+    """The test files that hold gpu-marked tests, by a plain rule: the `test_*.py` files under
+    tests/ whose text names the marker (`pytest.mark.gpu`, on a test or as a module's
+    `pytestmark`). tests/bench/test_device_check.py checks that the rule finds exactly the
+    files of the tests tests/conftest.py deselects as gpu-marked."""
+    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+                  if "mark.gpu" in path.read_text())
+
+
 def part_command(part: str, device: str, size: str, out: Path) -> list[str]:
     py = sys.executable
     if part == "machine":
         return [py, __file__, "--machine", "--device", device, "--out", str(out)]
     if part == "gpu-tests":
-        # One process (-n 0): the gpu tests share the one device, and two xdist workers
-        # would each collect the whole suite to find them (twice the collection time).
+        # One process (-n 0): the gpu tests share the one device. Only the files that hold
+        # them are collected: the whole suite's collection costs more than they take to run.
         return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
-                "-n", "0", "--junitxml", str(out / "gpu-tests.xml"), "tests"]
+                "-n", "0", "--junitxml", str(out / "gpu-tests.xml"), *gpu_test_files()]
     return [py, __file__, "--suite", part, "--device", device, "--size", size, "--out",
             str(out)]
 

@@ -21,7 +21,7 @@
 # the 8 minutes allow less):
 #   install (pip, packages mostly present)   ~ 60 s   (--offline: ~ 10 s)
 #   machine                                  ~ 10 s
-#   gpu-tests (pytest -m gpu, -n 0)          ~ 45 s   (collection ~15 s, ~10 CUDA tests)
+#   gpu-tests (pytest -m gpu, -n 0)          ~ 35 s   (only the files that hold them, ~10 CUDA tests)
 #   critical-path (5 configs x 30 steps)     ~ 90 s
 #   staleness (3 bounds x 30 steps)          ~ 60 s
 #   tiers (3 budgets, quick stack, dd)       ~ 60 s

@@ -60,10 +60,15 @@ def one_thread():
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need a CUDA device, a hardware boundary that this machine and CI lack:
-    without one they are deselected (and the summary says so), with one they run."""
+    without one they are deselected (and the summary says so), with one they run. The files
+    collected, and those holding gpu tests, are kept on `config` for the device check's rule
+    (benchmarks/device_check.py gpu_test_files, checked in tests/bench/test_device_check.py)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    config._asteria_collected_files = {str(item.path.relative_to(config.rootpath))
+                                       for item in items}
+    config._asteria_gpu_files = {str(item.path.relative_to(config.rootpath)) for item in gpu}
     if torch.cuda.is_available():
         return
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]

@@ -5,6 +5,7 @@ stops at the first failure."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +16,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ["machine", "gpu-tests", "critical-path", "staleness", "tiers"]
+_spec = importlib.util.spec_from_file_location("device_check",
+                                               ROOT / "benchmarks" / "device_check.py")
+device_check = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("device_check", device_check)  # its dataclasses look their module up
+_spec.loader.exec_module(device_check)
 
 
 def check(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -59,3 +65,17 @@ def test_the_check_stops_at_the_first_failure_and_says_where(tmp_path):
 def test_bad_arguments_are_refused_naming_the_option(tmp_path):
     done = check(tmp_path, "--device", "tpu")
     assert done.returncode == 2 and "--device: got tpu; allowed: cuda | cpu" in done.stderr
+
+
+def test_the_gpu_tests_part_collects_exactly_the_files_of_the_gpu_tests(request, tmp_path):
+    """The gpu-tests part runs pytest on the files its rule finds, not the whole suite. Every
+    gpu-marked test this session collected (tests/conftest.py keeps their files) is in one of
+    them, and each of them this session collected holds one: equal sets wherever the whole
+    suite is collected, as by every xdist worker."""
+    rule = device_check.gpu_test_files()
+    assert rule and all(f.startswith("tests/") and Path(f).name.startswith("test_")
+                        for f in rule)
+    collected = request.config._asteria_collected_files
+    assert {f for f in rule if f in collected} == request.config._asteria_gpu_files
+    command = device_check.part_command("gpu-tests", "cpu", "smoke", tmp_path)
+    assert command[-len(rule):] == rule and "tests" not in command
