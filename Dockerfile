@@ -5,7 +5,7 @@
 #
 # TORCH_VARIANT=cpu installs torch from TORCH_CPU_INDEX (the CPU-only wheels, ~200 MB instead of
 # several GB); TORCH_VARIANT=cuda installs it from pip's default index, which serves the CUDA build
-# on Linux x86_64 (see README, "GPU"). Point TORCH_CUDA_INDEX at another wheel index to pick a
+# on Linux x86_64 (see docs/guide.md, "GPU"). Point TORCH_CUDA_INDEX at another wheel index to pick a
 # different CUDA version. The host needs the NVIDIA driver and container toolkit for the GPU.
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim
