@@ -9,7 +9,7 @@ the whole global batch, with the same policy: the same blocks, the same swap sch
 Writes <out>/rank<r>.pt (the full parameters, gathered) and <out>/rank<r>.json (factor bytes,
 blocks, refreshes). With --checkpoint-at K it saves a checkpoint at step K (the model's sharded
 state through torch.distributed.checkpoint, each rank's optimizer and runtime state in a file of
-its own) and, with --stop-at K, exits there; launched again it resumes from it.
+its own); launched again on a folder holding that checkpoint, it resumes from it.
 """
 
 from __future__ import annotations
@@ -79,7 +79,6 @@ def main() -> None:
     cli.add_argument("--single", type=int, default=0, metavar="WORLD",
                      help="the single-process reference for a run of WORLD ranks")
     cli.add_argument("--checkpoint-at", type=int, default=0)
-    cli.add_argument("--stop-at", type=int, default=0)
     args = cli.parse_args()
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)  # as ddp_train: rounding stays far below 1e-5
@@ -127,10 +126,6 @@ def main() -> None:
             scratch = ckpt / f"rank{rank}.tmp"
             torch.save({"optimizer": opt.state_dict(), "runtime": runtime.state_dict()}, scratch)
             os.replace(scratch, ckpt / f"rank{rank}.pt")
-            if args.stop_at == step:
-                runtime.close()
-                dist.destroy_process_group()
-                return
         if args.single:
             _, loss = model(x, y)
         else:
