@@ -145,17 +145,19 @@ def _rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank} under {launcher}")
 
 
-def _kill_rank_1_after(proc: subprocess.Popen, records: Path, steps: int) -> int:
-    """SIGKILL rank 1 once rank 0 has recorded `steps` steps; the last step recorded then."""
+def _signal_rank_1_after(proc: subprocess.Popen, records: Path, steps: int,
+                         sig: signal.Signals) -> int | None:
+    """Send `sig` to rank 1 once rank 0 has recorded `steps` steps: the last step recorded then,
+    or None when the run ended or stalled first."""
     deadline = time.monotonic() + 180
     while proc.poll() is None and time.monotonic() < deadline:
         found = list(records.glob("*/steps.jsonl"))
         lines = found[0].read_text().splitlines() if found else []
         if len(lines) >= steps:
-            os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)
+            os.kill(_rank_pid(proc.pid, 1), sig)
             return json.loads(lines[-1])["step"]
         time.sleep(0.01)
-    raise AssertionError("the run ended or stalled before the kill")
+    return None
 
 
 def _checkpointed_steps(folder: Path) -> list[int]:
@@ -170,21 +172,13 @@ def interrupted(tmp_path_factory) -> dict:
     rank 1 between two checkpoints (every 20 steps); the last launch runs to the end. What each
     launch left and printed is kept for the tests below."""
     out = tmp_path_factory.mktemp("interrupted")
-    seen: dict = {"out": out}
+    seen: dict = {}
     proc = launch("asteria_core.cli", out, "--train.resume", "auto")
-    signalled = False
     try:
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline:
-            records = list(out.glob("*/steps.jsonl"))
-            if records and len(records[0].read_text().splitlines()) >= 25:
-                os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
-                signalled = True
-                break
-            time.sleep(0.01)
+        signalled_after = _signal_rank_1_after(proc, out, 25, signal.SIGTERM)
     finally:
         _, err = finish(proc, ok=False)
-    assert signalled, err[-3000:]
+    assert signalled_after is not None, err[-3000:]
     folder = run_dir(out)
     seen["signalled"] = {"returncode": proc.returncode, "err": err,
                          "checkpointed": _checkpointed_steps(folder),
@@ -196,9 +190,10 @@ def interrupted(tmp_path_factory) -> dict:
     assert kill_after < STEPS - 10, f"the signal came too late: {stopped}"
     proc = launch("asteria_core.cli", out, "--train.resume", "auto")
     try:
-        killed_after = _kill_rank_1_after(proc, out, kill_after)
+        killed_after = _signal_rank_1_after(proc, out, kill_after, signal.SIGKILL)
     finally:
         resumed_out, _ = finish(proc, ok=False)
+    assert killed_after is not None, "the run ended or stalled before the kill"
     seen["killed"] = {"returncode": proc.returncode, "out": resumed_out,
                       "killed_after": killed_after, "run": run_dir(out),
                       "checkpointed": _checkpointed_steps(folder)}
