@@ -6,6 +6,7 @@
     asteria bench all --publish            # into the checkout's docs/benchmarks, docs/benchmarks.md
                                            # and the README's performance section
     asteria bench --publish --report-only  # render the published pages again from their JSON
+    asteria bench optimizers --publish --resume   # continue a run cut short, keeping its runs
 
 By default the results (each suite's JSON, its plots and report.md) go to a folder of the
 user's; only --publish writes the project's published pages.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from asteria_bench import report
 from asteria_bench.options import BenchOptions
+from asteria_bench.resume import ResumeError
 from asteria_bench.suites import SUITES, load
 
 DEFAULT_OUT = Path("asteria-bench-results")
@@ -62,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rung", choices=("default", "large"), default="default",
                         help="the model size of the optimizers suite: default (about 1M "
                              "parameters) | large (4x the parameters, 4x the tokens)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a run cut short (optimizers): keep the runs its JSON in "
+                             "--out holds, where the code it measures, the machine and the sizes "
+                             "are the same, and train the rest")
 
 
 def _peers_installed() -> bool:
@@ -105,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"asteria bench: --seeds: got {args.seeds}; allowed: {MIN_SEEDS} to {MAX_SEEDS}",
               file=sys.stderr)
         return 2
+    if args.resume:
+        resumable = [n for n in SUITES if getattr(load(n), "RESUMABLE", False)]
+        cannot = [n for n in names if n not in resumable]
+        if cannot:
+            print(f"asteria bench: --resume: got {', '.join(cannot)}; allowed: "
+                  f"{', '.join(resumable)}", file=sys.stderr)
+            return 2
     if args.corpus and not Path(args.corpus).is_file():
         print(f"asteria bench: --corpus: {args.corpus!r} is not a file", file=sys.stderr)
         return 2
@@ -123,16 +136,21 @@ def run(args: argparse.Namespace) -> int:
                                             else args.suites)
     opts = BenchOptions(quick=args.quick, out_dir=out_dir, corpus=args.corpus,
                         device=args.device, peers=peers, command=command,
-                        progress=not args.no_progress, seeds=args.seeds, rung=args.rung)
+                        progress=not args.no_progress, seeds=args.seeds, rung=args.rung,
+                        resume=args.resume)
     t0 = time.perf_counter()
     for i, name in enumerate([] if args.report_only else names, 1):
         print(f"[{i}/{len(names)}] {name}: {load(name).TITLE}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         suite = load(name)
-        result = suite.run(opts)
-        if not result.description:
-            result.description = suite.__doc__ or ""
-            result.save(out_dir)
+        try:
+            result = suite.run(opts)
+        except ResumeError as err:
+            print(f"asteria bench: {err}", file=sys.stderr)
+            return 2
+        result.description = result.description or suite.__doc__ or ""
+        result.complete = True
+        result.save(out_dir)
         print(f"[{i}/{len(names)}] {name}: done in {time.perf_counter() - start:.0f} s -> "
               f"{out_dir / (result.suite + '.json')}", file=sys.stderr, flush=True)
     if names and not args.report_only:

@@ -18,6 +18,7 @@ class BenchOptions:
     progress: bool = True  # a bar per configuration
     seeds: int | None = None  # seeds per configuration where a suite runs seeds (None: its own)
     rung: str = "default"  # the model size where a suite has rungs (optimizers: default | large)
+    resume: bool = False   # keep the runs of the suite's JSON in out_dir (suites with RESUMABLE)
 
     def pick(self, quick: Any, full: Any) -> Any:
         """A size that depends on --quick."""

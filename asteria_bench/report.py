@@ -61,8 +61,9 @@ def _run_line(data: dict[str, Any]) -> str:
 
 
 def freshness(data: dict[str, Any], root: Path = CHECKOUT) -> str:
-    """Whether a suite's figures are today's: "fresh" (a clean tree, and no change since to the
-    code it measures), or "stale: ..." saying why; read from git at render time."""
+    """Whether a suite's figures are today's: "fresh" (a clean tree, no change since to the code
+    it measures, and run to its end), or "stale: ..." or "partial: ..." saying why; read from git
+    at render time."""
     git = data.get("git") or {}
     commit = git.get("commit")
     if not commit:
@@ -79,6 +80,11 @@ def freshness(data: dict[str, Any], root: Path = CHECKOUT) -> str:
         return "stale: the commit it ran at is not in this history"
     if done.stdout.strip():
         return "stale: the code it measures changed since"
+    if not data.get("complete", True):  # files from before the flag was written are complete
+        command = data["command"] if "--resume" in data["command"] else \
+            f"{data['command']} --resume"
+        return (f"partial: cut short, runs saved: {len(data.get('runs', []))}; `{command}` "
+                "continues it")
     return "fresh"
 
 
@@ -103,7 +109,8 @@ def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: 
     state = {d["suite"]: freshness(d) for d in suites}
     lines += ["A suite is fresh when it ran on a clean tree (`git.dirty` false) and the code it "
               "measures has not changed since its commit; a stale suite's figures are flagged "
-              "until `asteria bench SUITE --publish` runs it again.", "",
+              "until `asteria bench SUITE --publish` runs it again, a partial one's (a run cut "
+              "short) until `--resume` completes it.", "",
               "| suite | what | run | commit | clean tree | state |", "|---|---|---|---|---|---|"]
     lines += [f"| [{d['suite']}](#{_anchor(d['title'])}) | {_cell(d['title'])} | "
               f"{'quick' if d['quick'] else 'full'}, {d['seconds']:.0f} s | "

@@ -1,7 +1,8 @@
 """One output format for every suite: a JSON file per suite, written as the suite goes.
 
 A suite's file holds what the report needs and nothing it has to recompute:
-    suite, title, description, schema, command, quick, started, seconds,
+    suite, title, description, schema, command, quick, complete (ran to its end), started,
+    seconds,
     machine (cpu, cores, memory, python, torch and its threads, device), git (commit, dirty),
     config (what was run: model, steps, corpus, ...),
     runs (one dict per configuration, raw step times included),
@@ -114,6 +115,9 @@ class SuiteResult:
                          .isoformat(timespec="seconds"))
     git: dict[str, Any] = field(default_factory=git_info)
     """The commit measured: taken when the suite starts, since the tree may move on meanwhile."""
+    complete: bool = False
+    """Whether the suite ran to its end (`asteria bench` sets it); a file saved on the way, or
+    left by a run cut short, says false."""
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def table(self, title: str, columns: list[str], note: str = "") -> Table:
@@ -126,11 +130,16 @@ class SuiteResult:
         text.format(value=value)  # fails here, not in the report, if the format is wrong
         self.headline[key] = {"value": value, "text": text}
 
+    def shift_start(self, seconds: float) -> None:
+        """Count `seconds` already spent (by the run this one continues) in `seconds`."""
+        self._t0 -= seconds
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "suite": self.suite, "title": self.title, "description": self.description,
             "schema": SCHEMA,
-            "command": self.command, "quick": self.quick, "started": self.started,
+            "command": self.command, "quick": self.quick, "complete": self.complete,
+            "started": self.started,
             "seconds": round(time.perf_counter() - self._t0, 1),
             "machine": machine_info(), "git": self.git,
             "config": self.config, "runs": self.runs,

@@ -25,6 +25,14 @@ DRIVERS = ("asteria_bench/turns.py", "asteria_bench/clocks.py", "asteria_bench/p
 SERVED = ("serving", "autopilot", "network")
 
 
+def suite_of(name: str) -> str:
+    """The suite a result's name belongs to: "optimizers-large" (a rung) is optimizers'."""
+    if name in SUITES:
+        return name
+    return next((s for s in SUITES if name.startswith(s + "-")), name)
+
+
 def measured_paths(name: str) -> tuple[str, ...]:
+    name = suite_of(name)
     module = f"asteria_bench/suites/{name.replace('-', '_')}.py"
     return ("asteria_core", module, *DRIVERS, *(("backend",) if name in SERVED else ()))

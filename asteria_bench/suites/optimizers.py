@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from asteria_bench import turns
+from asteria_bench import resume, turns
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
 from asteria_core.cli import resolve_config
@@ -66,6 +66,7 @@ from asteria_core.train.data import encode, load_corpus, split_tokens
 from asteria_core.train.trainer import Trainer
 
 TITLE = "Optimization quality: steps, wall-clock and energy to tuned AdamW's final loss"
+RESUMABLE = True  # hours of runs: --resume continues from the runs its JSON holds
 
 MODEL_CPU_WATTS = 15.0
 ENERGY_LABELS = {
@@ -452,7 +453,10 @@ def run(opts: BenchOptions) -> SuiteResult:
         "energy_sources": ENERGY_LABELS, "model_cpu_watts": MODEL_CPU_WATTS,
         "asteria_soap_lr": "native SOAP's tuned lr", "anchors": ANCHORS, "corpora": {},
         "planned_runs": planned_runs(sizes, len(sizes.corpora) + bool(opts.corpus),
-                                     len(_peer_names(opts)))})
+                                     len(_peer_names(opts))),
+        "measured_code": resume.code_digest(name)})
+    kept = {run_key(r): r for r in resume.previous_runs(result, opts.out_dir)} \
+        if opts.resume else {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for key in sizes.corpora:
@@ -471,7 +475,7 @@ def run(opts: BenchOptions) -> SuiteResult:
             result.config["corpora"][key] = {"description": text, "bytes": len(body.encode()),
                                              "path": path or None}
         for i, (key, path, _text) in enumerate(corpora):
-            corpus_runs = train_corpus(key, path, sizes, opts, tmp, result,
+            corpus_runs = train_corpus(key, path, sizes, opts, tmp, result, kept,
                                        device_host=sizes.device_host if i == 0 else ())
             report_corpus(result, key, corpus_runs, opts.out_dir)
             result.save(opts.out_dir)
@@ -480,12 +484,20 @@ def run(opts: BenchOptions) -> SuiteResult:
     return result
 
 
+def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes a run the run it is: a kept run (--resume) stands in for the spec it matches."""
+    return (run["corpus"], run["family"], run["lr"], run.get("peer"), arrangement_of(run),
+            run.get("seed", 0), run.get("interval"), tuple(run.get("extra", ())))
+
+
 def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Path,
-                 result: SuiteResult, device_host: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                 result: SuiteResult, kept: dict[tuple[Any, ...], dict[str, Any]],
+                 device_host: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every configuration on one corpus, saving the suite's JSON after each: the lr grids
     (widened past an edge their best sits at), the other seeds of every tuned configuration, the
     refresh-interval axis; then the `device_host` families again in that arrangement, at their
-    tuned lr, with every seed."""
+    tuned lr, with every seed. A configuration `kept` holds (a resumed run's) is not trained
+    again: the choices that follow from it come out as they did."""
     runs: list[dict[str, Any]] = []
 
     def one(family: str, lr: float, label: str, peer: str | None = None,
@@ -494,7 +506,7 @@ def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Pat
         spec = {"corpus": key, "family": family, "label": label, "lr": lr, "peer": peer,
                 "arrangement": arrangement, "seed": seed, "interval": interval,
                 "extra": list(extra)}
-        out = train_one(spec, path, sizes, opts, tmp)
+        out = kept.pop(run_key(spec), None) or train_one(spec, path, sizes, opts, tmp)
         runs.append(out)
         result.runs.append(out)
         result.save(opts.out_dir)

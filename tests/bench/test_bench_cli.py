@@ -42,6 +42,8 @@ def bench_here(*args: str) -> int:
     (("optimizers", "--corpus", "/nonexistent/corpus.txt"), "--corpus: '/nonexistent"),
     (("distributed", "--seeds", "0"), "--seeds: got 0; allowed: 1 to 20"),
     (("distributed", "--seeds", "21"), "--seeds: got 21; allowed: 1 to 20"),
+    (("optimizers", "critical-path", "--resume"), "--resume: got critical-path; allowed: "
+                                                   "optimizers"),
 ])
 def test_bad_arguments_stop_before_anything_runs_naming_what_is_wrong(capsys, args, message):
     assert bench_here(*args) == 2

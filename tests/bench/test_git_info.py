@@ -1,6 +1,7 @@
 """A suite's `git` block: the commit, and whether the code on top of it had changes. The pages
 `--publish` writes (docs/, README.md) are not code: a run of several suites writes the first
-one's results before the second starts, and the second must still read as a clean tree."""
+one's results before the second starts, and the second must still read as a clean tree. And the
+state the report gives a suite from it: fresh, stale or partial."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from asteria_bench.report import freshness
 from asteria_bench.results import git_info
+from asteria_bench.suites import measured_paths
 from tests.components import missing
 
 
@@ -45,3 +48,32 @@ def test_published_results_and_pages_leave_the_tree_clean(repo):
 def test_a_change_to_code_makes_it_dirty(repo):
     (repo / "asteria_core/code.py").write_text("2\n")
     assert git_info(repo)["dirty"] is True
+
+
+def suite_file(repo: Path, **fields) -> dict:
+    return {"suite": "optimizers", "command": "asteria bench optimizers --publish", "runs": [{}],
+            "git": git_info(repo), **fields}
+
+
+def test_a_suite_is_stale_once_the_code_it_measures_changes(repo):
+    data = suite_file(repo)
+    assert freshness(data, repo) == "fresh"
+    (repo / "README.md").write_text("2\n")
+    git(repo, "commit", "-qam", "docs")
+    assert freshness(data, repo) == "fresh"  # not code it measures
+    (repo / "asteria_core/code.py").write_text("2\n")
+    git(repo, "commit", "-qam", "code")
+    assert freshness(data, repo) == "stale: the code it measures changed since"
+
+
+def test_a_suite_cut_short_is_partial_and_names_the_command_that_continues_it(repo):
+    data = suite_file(repo, complete=False)
+    assert freshness(data, repo) == ("partial: cut short, runs saved: 1; `asteria bench "
+                                     "optimizers --publish --resume` continues it")
+    assert freshness(suite_file(repo, complete=True), repo) == "fresh"
+
+
+def test_a_rung_measures_its_suites_code():
+    assert measured_paths("optimizers-large") == measured_paths("optimizers")
+    assert "asteria_bench/suites/optimizers.py" in measured_paths("optimizers-large")
+    assert "asteria_bench/suites/scale_memory.py" in measured_paths("scale-memory")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from asteria_bench import resume
 from asteria_bench.options import BenchOptions
+from asteria_bench.results import SuiteResult
 from asteria_bench.suites import load
 from asteria_bench.suites import optimizers as suite
 
@@ -205,3 +208,64 @@ def test_seeds_intervals_and_a_widened_grid(tmp_path, monkeypatch):
     assert set(summary["intervals"]) == {"soap/2", "soap/10", "asteria_soap/2",
                                          "asteria_soap/10"}
     assert len(runs) == 3 + 1 + 1 + 3 + 4
+
+
+def test_a_run_cut_short_resumes_keeping_its_runs_and_its_choices(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "QUICK", SEEDED)
+    resumed = BenchOptions(**{**options(tmp_path).__dict__, "resume": True})
+    load("optimizers").run(resumed)  # nothing to continue: a run from the start
+    path = tmp_path / "out" / "optimizers.json"
+    whole = json.loads(path.read_text())
+    assert "resumed" not in whole["config"]
+    cut = {**whole, "runs": whole["runs"][:5], "complete": False}
+    path.write_text(json.dumps(cut))
+    load("optimizers").run(resumed)
+    data = json.loads(path.read_text())
+    assert [suite.run_key(r) for r in data["runs"]] == [suite.run_key(r) for r in whole["runs"]]
+    for kept, before in zip(data["runs"][:5], whole["runs"][:5], strict=True):
+        assert kept["step_ms"] == before["step_ms"]  # kept, not trained again
+    assert data["started"] == whole["started"] and data["git"] == whole["git"]
+    assert [r["runs_kept"] for r in data["config"]["resumed"]] == [5]
+    assert data["seconds"] >= whole["seconds"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d["config"].update(measured_code="0" * 16), "the code it measures changed"),
+    (lambda d: d["config"].update(seeds=3), "its sizes differ from this run's (config seeds 3 "
+                                            "then, 2 now)"),
+    (lambda d: d["machine"].update(cpu="another"), "another machine (machine cpu 'another'"),
+    (lambda d: d.update(quick=False), "it holds suite 'optimizers' (quick False)"),
+])
+def test_a_run_that_would_not_come_out_the_same_is_not_continued(tmp_path, monkeypatch, change,
+                                                                  message):
+    monkeypatch.setattr(suite, "QUICK", SEEDED)
+    opts = BenchOptions(**{**options(tmp_path).__dict__, "resume": True})
+    result = SuiteResult("optimizers", suite.TITLE, True, opts.command,
+                         config={"seeds": 2, "measured_code": resume.code_digest("optimizers")})
+    result.save(opts.out_dir)
+    saved = json.loads((opts.out_dir / "optimizers.json").read_text())
+    change(saved)
+    (opts.out_dir / "optimizers.json").write_text(json.dumps(saved))
+    fresh = SuiteResult("optimizers", suite.TITLE, True, opts.command,
+                        config={"seeds": 2, "measured_code": resume.code_digest("optimizers")})
+    with pytest.raises(resume.ResumeError, match="can not be continued") as err:
+        resume.previous_runs(fresh, opts.out_dir)
+    assert message in str(err.value)
+
+
+def test_the_digest_follows_the_code_a_suite_measures(tmp_path, monkeypatch):
+    assert resume.code_digest("optimizers") == resume.code_digest("optimizers")
+    tree = tmp_path / "tree"
+    shutil.copytree(resume.ROOT / "asteria_bench", tree / "asteria_bench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "asteria_core").mkdir()
+    (tree / "asteria_core" / "step.py").write_text("x = 1\n")
+    monkeypatch.setattr(resume, "ROOT", tree)
+    one = resume.code_digest("optimizers")
+    (tree / "asteria_core" / "step.py").write_text("x = 2\n")
+    two = resume.code_digest("optimizers")
+    (tree / "asteria_bench" / "report.py").write_text("# not code a suite measures\n")
+    assert two != one and resume.code_digest("optimizers") == two
+    with (tree / "asteria_bench" / "suites" / "optimizers.py").open("a") as module:
+        module.write("# its own module is\n")
+    assert resume.code_digest("optimizers") != two
