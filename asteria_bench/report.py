@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asteria_bench import results
-from asteria_bench.suites import SUITES, measured_paths
+from asteria_bench.suites import SUITES, load, measured_paths, suite_of
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -81,10 +81,13 @@ def freshness(data: dict[str, Any], root: Path = CHECKOUT) -> str:
     if done.stdout.strip():
         return "stale: the code it measures changed since"
     if not data.get("complete", True):  # files from before the flag was written are complete
-        command = data["command"] if "--resume" in data["command"] else \
-            f"{data['command']} --resume"
-        return (f"partial: cut short, runs saved: {len(data.get('runs', []))}; `{command}` "
-                "continues it")
+        suite = suite_of(data["suite"])
+        if not getattr(load(suite), "RESUMABLE", False):
+            return f"partial: cut short before its end; `asteria bench {suite}` runs it again"
+        rung = (data.get("config") or {}).get("rung", "default")
+        command = f"asteria bench {suite}" + (f" --rung {rung}" if rung != "default" else "")
+        return (f"partial: cut short before its end; `{command} --resume`, with the options it "
+                "ran with, continues it")
     return "fresh"
 
 
@@ -109,8 +112,9 @@ def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: 
     state = {d["suite"]: freshness(d) for d in suites}
     lines += ["A suite is fresh when it ran on a clean tree (`git.dirty` false) and the code it "
               "measures has not changed since its commit; a stale suite's figures are flagged "
-              "until `asteria bench SUITE --publish` runs it again, a partial one's (a run cut "
-              "short) until `--resume` completes it.", "",
+              "until `asteria bench SUITE --publish` runs it again, and a partial one's (a run "
+              "cut short) until it runs again or, where the suite can, `--resume` completes "
+              "it.", "",
               "| suite | what | run | commit | clean tree | state |", "|---|---|---|---|---|---|"]
     lines += [f"| [{d['suite']}](#{_anchor(d['title'])}) | {_cell(d['title'])} | "
               f"{'quick' if d['quick'] else 'full'}, {d['seconds']:.0f} s | "
@@ -167,13 +171,14 @@ def render_readme_section(found: dict[str, dict[str, Any]], out_dir: Path,
     for d in suites:
         json_path = (out_dir / f"{d['suite']}.json").as_posix()
         figures = [headline_sentence(f) for f in d["headline"].values()]
-        if not figures:
+        fresh = freshness(d)
+        if not figures and fresh == "fresh":
             continue
         sizes = ", quick sizes" if d["quick"] else ""
-        fresh = freshness(d)
         flag = "" if fresh == "fresh" else f" (**{fresh}**)"
+        said = "; ".join(figures) if figures else "no headline figures until it runs to its end"
         lines.append(f"- **{d['suite']}** ([{d['suite']}.json]({json_path}){sizes}){flag}: " +
-                     "; ".join(figures) + ".")
+                     said + ".")
     plots = [(d, p) for d in suites for p in d["plots"]][:4]
     if plots:
         lines += ["", "Plots: " + ", ".join(f"[{p['caption']}]({(out_dir / p['file']).as_posix()})"

@@ -115,6 +115,11 @@ class SuiteResult:
                          .isoformat(timespec="seconds"))
     git: dict[str, Any] = field(default_factory=git_info)
     """The commit measured: taken when the suite starts, since the tree may move on meanwhile."""
+    machine: dict[str, Any] = field(default_factory=machine_info)
+    """Read when the suite starts: a trainer sets torch's thread count for its own runs."""
+    carried: list[dict[str, Any]] = field(default_factory=list)
+    """Runs of a cut-short file not yet reached again by a resumed run (`--resume`): saved with
+    the runs, so a resume cut short in its turn loses none of them."""
     complete: bool = False
     """Whether the suite ran to its end (`asteria bench` sets it); a file saved on the way, or
     left by a run cut short, says false."""
@@ -141,8 +146,8 @@ class SuiteResult:
             "command": self.command, "quick": self.quick, "complete": self.complete,
             "started": self.started,
             "seconds": round(time.perf_counter() - self._t0, 1),
-            "machine": machine_info(), "git": self.git,
-            "config": self.config, "runs": self.runs,
+            "machine": self.machine, "git": self.git,
+            "config": self.config, "runs": self.runs + self.carried,
             "tables": [vars(t) for t in self.tables], "plots": self.plots,
             "headline": self.headline, "findings": self.findings,
         }

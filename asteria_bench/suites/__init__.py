@@ -27,9 +27,8 @@ SERVED = ("serving", "autopilot", "network")
 
 def suite_of(name: str) -> str:
     """The suite a result's name belongs to: "optimizers-large" (a rung) is optimizers'."""
-    if name in SUITES:
-        return name
-    return next((s for s in SUITES if name.startswith(s + "-")), name)
+    return max((s for s in SUITES if name == s or name.startswith(s + "-")), key=len,
+               default=name)
 
 
 def measured_paths(name: str) -> tuple[str, ...]:

@@ -24,7 +24,9 @@ tuned configuration (and every configuration of the refresh-interval axis) train
 seeds; the tables give the median and the spread (min, max) over them, the target is the median
 of tuned AdamW's final losses, and the tuning itself reads the first seed. The refresh interval
 is an axis for native and Asteria-SOAP (`intervals`, at their tuned lr). Rungs (`--rung`): the
-default model, or a large one of 4x the parameters trained on 4x the tokens.
+default model, or a large one of 4x the parameters trained on 4x the tokens. A full pass takes
+hours: a run cut short continues with `--resume` (asteria_bench/resume.py), keeping each
+configuration it had trained.
 Corpora: the default one (pydoc_data.topics, English), the built-in "python-source" one (Python
 code; asteria_core/train/data.py), and a file the user names (`--corpus PATH`).
 
@@ -46,6 +48,7 @@ around each evaluation); a measured source includes it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import statistics
@@ -434,7 +437,6 @@ def planned_runs(sizes: Sizes, corpora: int, peers: int = 0) -> dict[str, int]:
 def run(opts: BenchOptions) -> SuiteResult:
     sizes = pick_sizes(opts)
     user_corpus = check_corpus(opts.corpus) if opts.corpus else None
-    corpora: list[tuple[str, str, str]] = []  # (key, trainer path, description)
     name = "optimizers" if sizes.rung == "default" else f"optimizers-{sizes.rung}"
     result = SuiteResult(name, TITLE, opts.quick, opts.command, config={
         "rung": sizes.rung, "muon_lrs": list(sizes.muon_lrs), "seeds": sizes.seeds,
@@ -454,34 +456,47 @@ def run(opts: BenchOptions) -> SuiteResult:
         "asteria_soap_lr": "native SOAP's tuned lr", "anchors": ANCHORS, "corpora": {},
         "planned_runs": planned_runs(sizes, len(sizes.corpora) + bool(opts.corpus),
                                      len(_peer_names(opts))),
-        "measured_code": resume.code_digest(name)})
-    kept = {run_key(r): r for r in resume.previous_runs(result, opts.out_dir)} \
-        if opts.resume else {}
+        "peers": {name: _peer_label(name) for name in _peer_names(opts)},  # with versions
+        "device": opts.device, "measured_code": resume.code_digest(name)})
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        for key in sizes.corpora:
-            if key == "default":
-                corpora.append((key, "", CORPUS_NAMES[key]))
-            else:  # a built-in corpus by name: written out, so data.corpus is a path
-                path = tmp / f"{key}.txt"
-                path.write_text(load_corpus(key), encoding="utf-8")
-                corpora.append((key, str(path), CORPUS_NAMES.get(key, key)))
-        if user_corpus is not None:
-            corpora.append(("user", str(user_corpus), f"user ({user_corpus})"))
-        for key, path, text in corpora:
-            body = load_corpus(path)
-            if key == "user":
-                check_split(body, sizes)
-            result.config["corpora"][key] = {"description": text, "bytes": len(body.encode()),
-                                             "path": path or None}
-        for i, (key, path, _text) in enumerate(corpora):
+        corpora = write_corpora(sizes, user_corpus, tmp, result)
+        kept = {run_key(r): r for r in resume.previous_runs(result, opts.out_dir)} \
+            if opts.resume else {}
+        for i, (key, path) in enumerate(corpora):
             corpus_runs = train_corpus(key, path, sizes, opts, tmp, result, kept,
                                        device_host=sizes.device_host if i == 0 else ())
             report_corpus(result, key, corpus_runs, opts.out_dir)
             result.save(opts.out_dir)
+    resume.settle(result)
     headline(result)
     result.save(opts.out_dir)
     return result
+
+
+def write_corpora(sizes: Sizes, user_corpus: Path | None, tmp: Path,
+                  result: SuiteResult) -> list[tuple[str, str]]:
+    """(key, trainer path) of every corpus, the built-in ones written out into `tmp` so that
+    data.corpus is a path; each described in config["corpora"], with its digest."""
+    corpora: list[tuple[str, str, str]] = []  # (key, trainer path, description)
+    for key in sizes.corpora:
+        if key == "default":
+            corpora.append((key, "", CORPUS_NAMES[key]))
+        else:
+            path = tmp / f"{key}.txt"
+            path.write_text(load_corpus(key), encoding="utf-8")
+            corpora.append((key, str(path), CORPUS_NAMES.get(key, key)))
+    if user_corpus is not None:
+        corpora.append(("user", str(user_corpus), f"user ({user_corpus})"))
+    for key, path, description in corpora:
+        body = load_corpus(path)
+        if key == "user":
+            check_split(body, sizes)
+        raw = body.encode()
+        result.config["corpora"][key] = {"description": description, "bytes": len(raw),
+                                         "sha256": hashlib.sha256(raw).hexdigest()[:16],
+                                         "path": path or None}
+    return [(key, path) for key, path, _text in corpora]
 
 
 def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
@@ -506,7 +521,11 @@ def train_corpus(key: str, path: str, sizes: Sizes, opts: BenchOptions, tmp: Pat
         spec = {"corpus": key, "family": family, "label": label, "lr": lr, "peer": peer,
                 "arrangement": arrangement, "seed": seed, "interval": interval,
                 "extra": list(extra)}
-        out = kept.pop(run_key(spec), None) or train_one(spec, path, sizes, opts, tmp)
+        out = kept.pop(run_key(spec), None)
+        if out is None:
+            out = train_one(spec, path, sizes, opts, tmp)
+        else:  # a kept run: the file already holds it
+            result.carried.remove(out)
         runs.append(out)
         result.runs.append(out)
         result.save(opts.out_dir)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from asteria_bench import report
 from asteria_bench.report import freshness
-from asteria_bench.results import git_info
+from asteria_bench.results import git_info, machine_info
 from asteria_bench.suites import measured_paths
 from tests.components import missing
 
@@ -66,11 +67,31 @@ def test_a_suite_is_stale_once_the_code_it_measures_changes(repo):
     assert freshness(data, repo) == "stale: the code it measures changed since"
 
 
-def test_a_suite_cut_short_is_partial_and_names_the_command_that_continues_it(repo):
+def test_a_suite_cut_short_is_partial_and_names_the_command_that_completes_it(repo):
     data = suite_file(repo, complete=False)
-    assert freshness(data, repo) == ("partial: cut short, runs saved: 1; `asteria bench "
-                                     "optimizers --publish --resume` continues it")
+    assert freshness(data, repo) == ("partial: cut short before its end; `asteria bench "
+                                     "optimizers --resume`, with the options it ran with, "
+                                     "continues it")
+    large = suite_file(repo, complete=False, suite="optimizers-large",
+                       config={"rung": "large"})
+    assert "`asteria bench optimizers --rung large --resume`" in freshness(large, repo)
+    scale = suite_file(repo, complete=False, suite="scale")  # it can not continue: run again
+    assert freshness(scale, repo) == ("partial: cut short before its end; `asteria bench "
+                                      "scale` runs it again")
     assert freshness(suite_file(repo, complete=True), repo) == "fresh"
+
+
+def test_the_readme_lists_a_partial_suite_with_its_flag(repo, tmp_path):
+    partial = {**suite_file(repo, complete=False), "title": "Optimizers", "quick": False,
+               "headline": {}, "plots": [], "machine": machine_info()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report, "CHECKOUT", repo)  # the commit's history is this repository's
+        patch.setattr(report.freshness, "__defaults__", (repo,))
+        section = report.render_readme_section({"optimizers": partial}, tmp_path,
+                                               Path("docs/benchmarks.md"))
+    line = next(x for x in section.splitlines() if x.startswith("- **optimizers**"))
+    assert "(**partial: cut short before its end" in line
+    assert line.endswith("no headline figures until it runs to its end.")
 
 
 def test_a_rung_measures_its_suites_code():

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from asteria import cli
 from asteria_bench import resume
 from asteria_bench.options import BenchOptions
-from asteria_bench.results import SuiteResult
 from asteria_bench.suites import load
 from asteria_bench.suites import optimizers as suite
 
@@ -210,47 +210,86 @@ def test_seeds_intervals_and_a_widened_grid(tmp_path, monkeypatch):
     assert len(runs) == 3 + 1 + 1 + 3 + 4
 
 
-def test_a_run_cut_short_resumes_keeping_its_runs_and_its_choices(tmp_path, monkeypatch):
+def bench(out: Path, *args: str) -> int:
+    """`asteria bench optimizers --quick` (the sizes SEEDED, patched in) into `out`, in this
+    process: its exit status."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(suite, "QUICK", SEEDED)
+        return cli.main(["bench", "optimizers", "--quick", "--no-progress", "--out", str(out),
+                         *args])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> dict:
+    """A whole run's JSON, as `asteria bench` leaves it."""
+    out = tmp_path_factory.mktemp("finished")
+    assert bench(out) == 0
+    return json.loads((out / "optimizers.json").read_text())
+
+
+def test_a_run_cut_short_resumes_from_its_runs_and_follows_their_choices(tmp_path, finished,
+                                                                         capsys):
+    assert finished["complete"] is True and "resumed" not in finished["config"]
+    grid = finished["runs"][:2]  # AdamW's two lrs; the third run widens past the best one
+    assert [r["lr"] for r in grid] == list(SEEDED.adamw_lrs)
+    # The saved losses decide: make the lr that lost win, and the widening must follow it.
+    best = min(grid, key=lambda r: r["final_val_loss"])
+    loser = next(r for r in grid if r is not best)
+    loser["final_val_loss"] = loser["curve"][-1]["val_loss"] = best["final_val_loss"] - 1.0
+    stray = {**grid[0], "lr": 0.5}  # a configuration the choices never reach again
+    cut = {**finished, "runs": [*grid, stray], "complete": False, "seconds": 1000.0,
+           "machine": {**finished["machine"], "torch_threads": 7}}  # a process's, not compared
+    (tmp_path / "optimizers.json").write_text(json.dumps(cut))
+    assert bench(tmp_path, "--resume") == 0
+    data = json.loads((tmp_path / "optimizers.json").read_text())
+    assert data["complete"] is True
+    assert [r["step_ms"] for r in data["runs"][:2]] == [r["step_ms"] for r in grid]  # kept
+    assert data["runs"][2]["family"] == "adamw"
+    assert data["runs"][2]["lr"] == pytest.approx(suite.widen(SEEDED.adamw_lrs, loser["lr"]))
+    assert 0.5 not in [r["lr"] for r in data["runs"]]
+    assert len(data["runs"]) == len(finished["runs"])
+    resumed = data["config"]["resumed"]
+    assert [(r["runs_found"], r["runs_kept"], r["runs_dropped"]) for r in resumed] == [(3, 2, 1)]
+    assert data["started"] == finished["started"] and data["seconds"] >= 1000.0
+    assert "1 saved run(s) were not reached again" in capsys.readouterr().err
+
+
+def test_resume_with_no_file_starts_from_the_first_run_and_says_so(tmp_path, capsys,
+                                                                  monkeypatch):
     monkeypatch.setattr(suite, "QUICK", SEEDED)
-    resumed = BenchOptions(**{**options(tmp_path).__dict__, "resume": True})
-    load("optimizers").run(resumed)  # nothing to continue: a run from the start
-    path = tmp_path / "out" / "optimizers.json"
-    whole = json.loads(path.read_text())
-    assert "resumed" not in whole["config"]
-    cut = {**whole, "runs": whole["runs"][:5], "complete": False}
-    path.write_text(json.dumps(cut))
-    load("optimizers").run(resumed)
-    data = json.loads(path.read_text())
-    assert [suite.run_key(r) for r in data["runs"]] == [suite.run_key(r) for r in whole["runs"]]
-    for kept, before in zip(data["runs"][:5], whole["runs"][:5], strict=True):
-        assert kept["step_ms"] == before["step_ms"]  # kept, not trained again
-    assert data["started"] == whole["started"] and data["git"] == whole["git"]
-    assert [r["runs_kept"] for r in data["config"]["resumed"]] == [5]
-    assert data["seconds"] >= whole["seconds"]
+    opts = BenchOptions(**{**options(tmp_path).__dict__, "resume": True})
+    empty = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):  # stop it at its first run: the message came first
+        monkeypatch.setattr(suite, "train_one", _interrupt)
+        load("optimizers").run(opts)
+    assert f"nothing to continue at {empty / 'optimizers.json'}" in capsys.readouterr().err
+
+
+def _interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d["config"].update(measured_code="0" * 16), "the code it measures changed"),
-    (lambda d: d["config"].update(seeds=3), "its sizes differ from this run's (config seeds 3 "
-                                            "then, 2 now)"),
+    (lambda d: d["config"].pop("measured_code"), "records no digest of the code"),
+    (lambda d: d["config"].update(seeds=3), "other settings (config seeds 3 then, 2 now)"),
+    (lambda d: d["config"].update(device="cuda"), "(config device 'cuda' then, 'cpu' now)"),
+    (lambda d: d["config"]["corpora"]["default"].update(sha256="0" * 16), "config corpora"),
     (lambda d: d["machine"].update(cpu="another"), "another machine (machine cpu 'another'"),
     (lambda d: d.update(quick=False), "it holds suite 'optimizers' (quick False)"),
 ])
-def test_a_run_that_would_not_come_out_the_same_is_not_continued(tmp_path, monkeypatch, change,
-                                                                  message):
-    monkeypatch.setattr(suite, "QUICK", SEEDED)
-    opts = BenchOptions(**{**options(tmp_path).__dict__, "resume": True})
-    result = SuiteResult("optimizers", suite.TITLE, True, opts.command,
-                         config={"seeds": 2, "measured_code": resume.code_digest("optimizers")})
-    result.save(opts.out_dir)
-    saved = json.loads((opts.out_dir / "optimizers.json").read_text())
+def test_a_run_that_would_not_come_out_the_same_is_not_continued(tmp_path, finished, capsys,
+                                                                  change, message):
+    saved = json.loads(json.dumps(finished))
     change(saved)
-    (opts.out_dir / "optimizers.json").write_text(json.dumps(saved))
-    fresh = SuiteResult("optimizers", suite.TITLE, True, opts.command,
-                        config={"seeds": 2, "measured_code": resume.code_digest("optimizers")})
-    with pytest.raises(resume.ResumeError, match="can not be continued") as err:
-        resume.previous_runs(fresh, opts.out_dir)
-    assert message in str(err.value)
+    path = tmp_path / "optimizers.json"
+    path.write_text(json.dumps(saved))
+    before = path.read_bytes()
+    assert bench(tmp_path, "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # one line, after the suite's title
+    assert err.startswith(f"asteria bench: --resume: {path} can not be continued")
+    assert message in err
+    assert path.read_bytes() == before  # left as it was
 
 
 def test_the_digest_follows_the_code_a_suite_measures(tmp_path, monkeypatch):
