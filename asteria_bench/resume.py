@@ -60,7 +60,7 @@ def previous_runs(result: SuiteResult, out_dir: Path) -> list[dict[str, Any]]:
     """The runs of this suite's JSON in `out_dir` for the run about to start, which has settled
     its config (sizes, corpora, peers, device, the digest of its code): `result` carries them
     until each is reached again, and takes over the file's start, seconds and commit so that the
-    finished file reads as one run. None where there is no file (said on stderr)."""
+    finished file reads as one run. No runs where there is no file (said on stderr)."""
     path = out_dir / f"{result.suite}.json"
     if not path.is_file():
         print(f"asteria bench: --resume: nothing to continue at {path}; starting from the "
@@ -104,9 +104,7 @@ def settle(result: SuiteResult) -> None:
     reached again (the choices went another way), which leave the file (said on stderr)."""
     if not result.config.get("resumed"):
         return
-    last = result.config["resumed"][-1]
-    if "runs_kept" in last:
-        return  # an earlier continuation's
+    last = result.config["resumed"][-1]  # this run's: previous_runs appended it
     last["runs_dropped"] = len(result.carried)
     last["runs_kept"] = last["runs_found"] - len(result.carried)
     if result.carried:
