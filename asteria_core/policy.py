@@ -107,12 +107,14 @@ class Policy:
         10, 0, MAX_STEPS, "Staleness bound S (steps)",
         "S: the most steps a basis in use may lag the statistics it was computed from.")
     swap_delay: int | str = _auto_or_int(
-        AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = S)',
+        AUTO, 0, MAX_STEPS, 'Swap delay d (steps, at most S; "auto" = min(S, interval))',
         "d <= S: in deterministic mode a round that falls due at step t is swapped in by t + d "
         "(over t + d - swap window + 1 .. t + d, see swap_window); a block's first basis at "
         "once, as the references do. "
-        '"auto" follows the staleness bound (d = S, read at each boundary), which gives the '
-        "swap window the most steps to spread a round over.")
+        '"auto" is the refresh interval, at most S (read at each boundary): a round is in by '
+        "the time the next one falls due, so one round is in flight and a shorter interval "
+        "gives fresher bases; a longer d would only make every basis older, since the workers "
+        "have one interval per round whatever d is.")
     swap_window: int | str = _auto_or_int(
         AUTO, 1, MAX_STEPS, 'Swap window V (steps; "auto" fits the blocks)',
         "Deterministic mode: a round due at t is placed on V = min(this, d) boundaries by "
@@ -192,9 +194,9 @@ class Policy:
 
     @property
     def delay(self) -> int:
-        """d in force: `swap_delay`, or the staleness bound when it is "auto"."""
+        """d in force: `swap_delay`, or min(S, refresh interval) when it is "auto"."""
         if self.swap_delay == AUTO:
-            return self.staleness_bound
+            return min(self.staleness_bound, self.refresh_interval)
         assert isinstance(self.swap_delay, int)  # "auto" or an integer
         return self.swap_delay
 

@@ -9,9 +9,9 @@ In order, the first rule that has something to do wins:
    it (and hold its fields);
 2. refreshes fall behind (the duty against the steps a round has, min(d, interval), above 1;
    or the step waits for them, or in a data-parallel run for another rank's: sync_wait) ->
-   give them time: the swap delay back up to S; where the workers keep up but a refresh
-   outlasts its lead (latency above the lead: one block alone takes longer), a lead that
-   covers it (a narrower swap window, else a larger S); else more workers, then more steps for
+   give them time: the swap delay back up to min(S, interval); where the workers keep up but a
+   refresh outlasts its lead (latency above the lead: one block alone takes longer), a lead
+   that covers it (a narrower swap window, else a longer d); else more workers, then more steps for
    a round (a larger S while d is short of the interval, else a longer interval with S along;
    in the workers' change when their bound leaves the duty above the target, a worker on the
    training thread's own core counting for no capacity), then a larger S (before a second
@@ -180,7 +180,7 @@ def direction(old: Any, new: Any) -> int:
 
 def _delay(policy: Mapping[str, Any]) -> int:
     d = policy["swap_delay"]
-    return policy["staleness_bound"] if d == AUTO else int(d)
+    return min(policy["staleness_bound"], policy["refresh_interval"]) if d == AUTO else int(d)
 
 
 def window_duty(duty: float | None, policy: Mapping[str, Any]) -> float | None:
@@ -215,9 +215,12 @@ def _behind(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     waits = s.refresh_wait > BEHIND_WAIT or s.sync_wait > SYNC_WAIT
     if not ((duty is not None and duty > BEHIND_DUTY) or waits):
         return None
-    bound, delay = policy["staleness_bound"], _delay(policy)
-    if delay < bound and (move := _move(policy, "swap_delay", bound, config, held)):
+    # a d short of the interval leaves a round less than its interval; past the interval (or
+    # S) a later swap gives the workers no more time
+    full = min(policy["staleness_bound"], policy["refresh_interval"])
+    if _delay(policy) < full and (move := _move(policy, "swap_delay", full, config, held)):
         return move
+    bound = policy["staleness_bound"]
     if s.latency_at_lead and s.latency is not None and s.lead is not None \
             and (s.latency > s.lead or waits) and (duty is None or duty <= 1.0) \
             and (move := _longer_lead(s, policy, config, held)):
@@ -275,8 +278,9 @@ def _longer_lead(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     """Refreshes outlast their lead L = d - V + 1 while the workers keep up (one block alone
     takes longer than L steps: no worker or interval helps): a lead of their latency (one step
     more, at least), from a narrower swap window; where d is too short for that lead even at
-    V = 1, a larger S (d follows it on "auto"): by V - 1 more for an explicit V, by the
-    interval - 1 for "auto" (it may widen up to min(d, interval) as d grows)."""
+    V = 1, a longer d: by V - 1 more for an explicit V, by the interval - 1 for "auto" (it may
+    widen up to min(d, interval) as d grows). On "auto" (d = min(S, interval)) a larger S gives
+    it up to the interval; past the interval, d is set, with S along where it must be."""
     assert s.latency is not None and s.lead is not None  # latency_at_lead
     delay, lead = _delay(policy), max(s.latency, s.lead + 1)
     narrower = delay - lead + 1
@@ -285,8 +289,15 @@ def _longer_lead(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,
     if policy["swap_delay"] != AUTO:
         return None
     window = policy["swap_window"]
-    widest = policy["refresh_interval"] if window == AUTO else int(window)
-    return _move(policy, "staleness_bound", lead + widest - 1, config, held)
+    interval = policy["refresh_interval"]
+    need = lead + (interval if window == AUTO else int(window)) - 1
+    if need <= interval:
+        return _move(policy, "staleness_bound", need, config, held)
+    later = _move(policy, "swap_delay", need, config, held)
+    if later is None or later["swap_delay"] <= policy["staleness_bound"]:
+        return later
+    along = _move(policy, "staleness_bound", later["swap_delay"], config, held)
+    return later | along if along and along["staleness_bound"] >= later["swap_delay"] else None
 
 
 def _tier_bound(s: Signals, policy: Mapping[str, Any], config: AutopilotConfig,

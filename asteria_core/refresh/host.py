@@ -13,7 +13,8 @@ the refresh must run on the host, beside the device, not as kernels on the devic
   back through a pipe, unpinned, and its swap copy may block the host until the device is idle).
 
 With d = 0 a refresh is swapped in at its own boundary, so the step waits for the copy, which
-waits for the device's queued work: on CUDA keep d >= 1 (the default, d = S, does).
+waits for the device's queued work: on CUDA keep d >= 1 (the default, d = the refresh interval
+at most S, does).
 
 Not yet run on a GPU.
 """

@@ -10,14 +10,14 @@ and labelled). The arithmetic is the refresh engine's:
     round work  W = sum over blocks of one refresh's seconds     (worker-seconds per round)
     duty(n)     = W / (n x refresh_interval x step_seconds)       (the records' background_load)
 
-Above 1 the workers cannot keep up: staleness is pinned at S and the step waits (refresh_wait).
-A round is placed on the swap window's V boundaries by cost, each slot's blocks read at its
-boundary and swapped d - V + 1 steps later (refresh/schedule.py; d = S by default, V fitted to
-the blocks), and a block is never split across workers, so the plan asks for the fewest
-workers n whose duty is at most `headroom` and on which the busiest slot, packed largest block
-first onto the least loaded worker, ends within headroom x (d - V + 1) steps. When one block
-alone takes longer than that, no worker count helps: the plan says so and names the block size
-that would fit.
+Above 1 the workers cannot keep up: every swap is late and the step waits (refresh_wait). A
+round is placed on the swap window's V boundaries by cost, each slot's blocks read at its
+boundary and swapped d - V + 1 steps later (refresh/schedule.py; d = min(S, interval) by
+default, V fitted to the blocks), and a block is never split across workers, so the plan asks
+for the fewest workers n whose duty is at most `headroom` and on which the busiest slot, packed
+largest block first onto the least loaded worker, ends within headroom x (d - V + 1) steps.
+When one block alone takes longer than that, no worker count helps: the plan says so and names
+the block size that would fit.
 Memory per tier is the tier store's own placement (`tiers.placement.plan`) of the state entries.
 """
 
@@ -219,7 +219,8 @@ def _workers(p: Prediction, sizes: Sequence[int], cost: RefreshCost) -> tuple[in
                       f"more than {p.headroom:.0%} of the {p.window_s:.3g} s before its swap "
                       f"(d - swap window + 1 = {p.window_steps} steps): the step "
                       "waits whatever the workers; lower optim.precond_block_size"
-                      + _fitting_block(cost, budget) + ", lower policy.swap_window, or raise S")
+                      + _fitting_block(cost, budget) + ", lower policy.swap_window, or set a "
+                      "longer policy.swap_delay (\"auto\" is the interval; at most S)")
     slots = [sorted((cost.seconds(b) for b in slot), reverse=True) for slot in p.slots]
     n = max(1, math.ceil(p.round_work_s / (p.headroom * p.interval_train_s)))
     while n < len(sizes) and max(_makespan(times, n) for times in slots) > budget:

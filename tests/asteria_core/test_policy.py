@@ -21,14 +21,18 @@ def test_defaults_are_valid_and_serialisable():
     assert Policy(**policy.to_dict()) == policy
 
 
-def test_auto_swap_delay_follows_the_bound():
+def test_auto_swap_delay_is_the_interval_at_most_the_bound():
     policy = Policy()
-    assert (policy.swap_delay, policy.delay) == ("auto", policy.staleness_bound)
+    assert (policy.swap_delay, policy.delay) == ("auto", policy.staleness_bound)  # S = 10 = I
     live = LivePolicy()
     live.propose({"staleness_bound": 3})  # nothing to lower alongside: d follows S
     live.apply_pending(1)
     assert live.current.delay == 3
+    live.propose({"staleness_bound": 10, "refresh_interval": 2})  # one round in flight
+    live.apply_pending(2)
+    assert live.current.delay == 2
     assert Policy(staleness_bound=5, swap_delay=2).delay == 2
+    assert Policy(staleness_bound=5, swap_delay=4, refresh_interval=1).delay == 4
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,13 @@ def test_a_worker_on_the_training_threads_core_brings_the_time_still_needed_alon
 def test_pinned_swap_delay_goes_back_up_first():
     d = decide(run(range(1, 41), duty=1.3), policy(swap_delay=3), [], CONFIG)
     assert d.changes == {"swap_delay": 10}
+    # up to the interval only: a round has its interval whatever a later swap, so past it d
+    # would give the workers no more time (on "auto" d is the interval already)
+    d = decide(run(range(1, 41), duty=1.3), policy(swap_delay=3, refresh_interval=5), [],
+               CONFIG)
+    assert d.changes == {"swap_delay": 5}
+    d = decide(run(range(1, 41), duty=1.3), policy(refresh_interval=5), [], CONFIG)
+    assert d.changes == {"workers": 2}
 
 
 def test_workers_at_their_bound_the_interval_grows_instead():
@@ -174,14 +181,19 @@ def test_a_refresh_that_outlasts_its_lead_gets_a_longer_lead_not_more_workers():
     d = decide(run(range(1, 41), **waiting), policy(), [], config)
     assert d.changes == {"swap_window": 7}
     assert "refresh latency (p90) 4 steps against a lead of 2" in d.reason
-    # d too short for that lead even at V = 1 (d 3, V 2): a larger S, d follows it on auto
+    # d too short for that lead even at V = 1 (d 15, V 2): a larger S, d follows it on auto
+    # up to the interval
+    d = decide(run(range(1, 41), **{**waiting, "latency": 16}),
+               policy(staleness_bound=15, swap_window=2, refresh_interval=20), [], config)
+    assert d.changes == {"staleness_bound": 17}  # lead 16 at the V 2 in force
+    # past the interval S alone would not move d (auto is min(S, interval)): d is set, S along
     d = decide(run(range(1, 41), **{**waiting, "latency": 5}),
                policy(staleness_bound=3, swap_window=2, refresh_interval=3), [], config)
-    assert d.changes == {"staleness_bound": 6}  # lead 5 at the V 2 in force
-    # the operator leaves V alone: S instead, by the widest the auto window may take (the
+    assert d.changes == {"swap_delay": 6, "staleness_bound": 6}
+    # the operator leaves V alone: d instead, by the widest the auto window may take (the
     # interval): lead 4 at V up to 10
     d = decide(run(range(1, 41), **waiting), policy(), [], CONFIG)
-    assert d.changes == {"staleness_bound": 13}
+    assert d.changes == {"swap_delay": 13, "staleness_bound": 13}
     # the workers cannot keep up (duty above 1): latency is queueing, capacity comes first
     d = decide(run(range(1, 41), **{**waiting, "duty": 1.3}), policy(), [], config)
     assert d.changes == {"workers": 2}

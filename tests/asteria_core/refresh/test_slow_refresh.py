@@ -58,7 +58,9 @@ def _train(tmp_path, **policy):
 
 @pytest.mark.parametrize("mode", ["deterministic", "opportunistic"])
 def test_a_refresh_slower_than_its_interval_waits_at_the_bound_as_refresh_wait(tmp_path, mode):
-    records, blocks, in_flight = _train(tmp_path, swap_mode=mode)
+    # deterministic: d = S set, so a block may lag up to the bound ("auto" is the interval, 1)
+    delay = {"swap_delay": BOUND} if mode == "deterministic" else {}
+    records, blocks, in_flight = _train(tmp_path, swap_mode=mode, **delay)
     assert len(records) == STEPS
     assert all(r.refresh.staleness_max <= BOUND for r in records)
     assert max(r.refresh.staleness_max for r in records) == BOUND  # it did fall behind
@@ -69,9 +71,21 @@ def test_a_refresh_slower_than_its_interval_waits_at_the_bound_as_refresh_wait(t
         assert max(r.refresh.queue_depth for r in records) <= blocks + 1
         assert max(in_flight.values()) <= 2
     else:
-        per_block = math.ceil(BOUND / 1)  # d = S (auto), interval 1
+        per_block = math.ceil(BOUND / 1)  # d = S, interval 1
         assert max(r.refresh.queue_depth for r in records) <= blocks * per_block
         assert max(in_flight.values()) <= per_block
+
+
+def test_the_auto_swap_delay_keeps_one_round_in_flight(tmp_path):
+    """"auto" swaps a round in by the next refresh point (d = the interval, 1 here): however
+    slow the worker, every basis in use is at most a step behind and a block has one refresh in
+    flight; the step waits for the rest, counted as refresh_wait."""
+    records, blocks, in_flight = _train(tmp_path, swap_mode="deterministic")
+    assert max(r.refresh.staleness_max for r in records) == 1
+    assert max(r.refresh.queue_depth for r in records) <= blocks
+    assert max(in_flight.values()) <= 1
+    waited = sum(r.timing.idle_seconds.get("refresh_wait", 0.0) for r in records)
+    assert waited > 0.04
 
 
 def test_coalesced_refreshes_are_fewer_and_the_run_still_learns(tmp_path):
