@@ -21,7 +21,8 @@ def load(name: str) -> ModuleType:
 # its published figures stale (the report flags it). Every suite measures the runtime and its own
 # module; the shared drivers and the control plane where a suite runs them.
 DRIVERS = ("asteria_bench/turns.py", "asteria_bench/clocks.py", "asteria_bench/pausable.py",
-           "asteria_bench/peers.py", "asteria_bench/ddp_rank.py", "asteria_bench/slower_host.py")
+           "asteria_bench/peers.py", "asteria_bench/ddp_rank.py", "asteria_bench/slower_host.py",
+           "asteria_bench/selection.py")
 SERVED = ("serving", "autopilot", "network")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asteria import cli
-from asteria_bench import resume
+from asteria_bench import resume, selection
 from asteria_bench.options import BenchOptions
 from asteria_bench.suites import load
 from asteria_bench.suites import optimizers as suite
@@ -21,7 +21,9 @@ TINY = suite.Sizes(
     overrides=("--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16",
                "--model.block_size", "16", "--data.batch_size", "2",
                "--optim.warmup_steps", "2"),
-    notes=("tiny: the test's size",), device_host=("adamw", "soap", "asteria_soap"))
+    notes=("tiny: the test's size",), arrangement="device-host",
+    beside=("adamw", "soap", "asteria_soap"), later_configs=("adamw", "muon", "soap",
+                                                              "asteria_soap"))
 
 
 def options(tmp_path: Path, corpus: str | None = None) -> BenchOptions:
@@ -37,27 +39,27 @@ def curve(*points):
 def test_reach_interpolates_between_the_evaluations_around_the_crossing():
     c = curve((0, 5.0, 0.0, 0.0), (10, 3.0, 2.0, 20.0), (20, 2.0, 4.0, 40.0),
               (30, 1.5, 6.0, 60.0))
-    got = suite.reach(c, 2.5)  # halfway from step 10 (3.0) to step 20 (2.0)
+    got = selection.reach(c, 2.5)  # halfway from step 10 (3.0) to step 20 (2.0)
     assert got == pytest.approx({"step": 15.0, "wall_s": 3.0, "energy_j": 30.0})
-    assert suite.reach(c, 2.0) == pytest.approx({"step": 20.0, "wall_s": 4.0, "energy_j": 40.0})
-    assert suite.reach(c, 1.5)["step"] == pytest.approx(30.0)  # the final loss itself
-    assert suite.reach(c, 6.0)["step"] == 0  # at the start already
-    assert suite.reach(c, 1.0) is None  # never reached: None, not a number
+    assert selection.reach(c, 2.0) == pytest.approx({"step": 20.0, "wall_s": 4.0, "energy_j": 40.0})
+    assert selection.reach(c, 1.5)["step"] == pytest.approx(30.0)  # the final loss itself
+    assert selection.reach(c, 6.0)["step"] == 0  # at the start already
+    assert selection.reach(c, 1.0) is None  # never reached: None, not a number
 
 
 def test_reach_takes_the_first_crossing_of_a_curve_that_goes_back_up():
     c = curve((0, 5.0, 0.0, None), (10, 2.0, 1.0, None), (20, 2.6, 2.0, None),
               (30, 1.9, 3.0, None))
-    got = suite.reach(c, 2.5)
+    got = selection.reach(c, 2.5)
     assert got["step"] == pytest.approx(0 + 10 * (5.0 - 2.5) / 3.0)
     assert got["energy_j"] is None  # no energy source: none made up
 
 
 def test_ratio_and_efficiency():
-    assert suite.ratio(60, 100) == pytest.approx(0.6)
-    assert suite.ratio(None, 100) is None and suite.ratio(60, None) is None
-    assert suite.efficiency(5.5, 1.5, 200.0, 100.0) == pytest.approx(2.0)  # 4 / (200 / 100)
-    assert suite.efficiency(5.5, 1.5, None, 100.0) is None
+    assert selection.ratio(60, 100) == pytest.approx(0.6)
+    assert selection.ratio(None, 100) is None and selection.ratio(60, None) is None
+    assert selection.efficiency(5.5, 1.5, 200.0, 100.0) == pytest.approx(2.0)  # 4 / (200 / 100)
+    assert selection.efficiency(5.5, 1.5, None, 100.0) is None
 
 
 def test_corpus_validation_names_the_option(tmp_path):
@@ -93,9 +95,11 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     assert data["suite"] == "optimizers" and data["quick"] is True
     assert set(data["config"]["corpora"]) == {"default", "python-source", "user"}
     assert data["config"]["lr_grid_skipped"] is False
-    # per corpus: 2 AdamW lrs, Muon, SOAP, Asteria-SOAP, KL-Shampoo; on the first corpus the
-    # tuned AdamW, SOAP and Asteria-SOAP once more in the device-host arrangement
-    assert len(data["runs"]) == 3 * 6 + 3
+    # the first corpus: 2 AdamW lrs, Muon, SOAP, Asteria-SOAP, KL-Shampoo; the others the race
+    # alone (KL-Shampoo left out); on each, tuned AdamW, SOAP and Asteria-SOAP once more beside
+    assert len(data["runs"]) == 6 + 3 + 2 * (5 + 3)
+    assert [r["family"] for r in data["runs"] if r["corpus"] == "user"][:5] == [
+        "adamw", "adamw", "muon", "soap", "asteria_soap"]
     muon = next(r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "muon")
     assert muon["optimizer"] == "muon" and muon["extra"] == ["--optim.adamw_lr", str(adamw_lr)]
     for run in data["runs"]:
@@ -105,43 +109,50 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
         assert all(p["energy_j"] >= 0 for p in run["curve"])
         assert run["final_val_loss"] == run["curve"][-1]["val_loss"]
         assert "steps_ratio" in run and "efficiency" in run
+        assert run["parts_ms"]["forward"] > 0 and run["parts_ms"]["optimizer"] > 0
     assert adamw["tuned"] and adamw["steps_ratio"] == pytest.approx(1.0)
+    assert adamw["arrangement"] == "device-host" and adamw["torch_threads"] == 1
     soap = next(r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "soap")
     asteria = next(r for r in data["runs"]
                    if r["corpus"] == "default" and r["family"] == "asteria_soap")
     assert asteria["lr"] == soap["lr"]
-    arranged = [r for r in data["runs"] if r["arrangement"] == "device-host"]
-    assert [(r["corpus"], r["family"]) for r in arranged] == [
+    beside = [r for r in data["runs"] if r["arrangement"] == "shared"]
+    assert [(r["corpus"], r["family"]) for r in beside][:3] == [
         ("default", "adamw"), ("default", "soap"), ("default", "asteria_soap")]
-    assert arranged[0]["lr"] == adamw["lr"] and arranged[2]["lr"] == soap["lr"]
-    assert all(r["torch_threads"] == 1 for r in arranged)
-    assert arranged[0]["tuned"] and arranged[0]["wall_ratio"] == pytest.approx(1.0)
-    assert {r["arrangement"] for r in data["runs"]} == {"shared", "device-host"}
-    # per corpus: the main table, the seeds' medians, the grids; the first one's arrangements
-    assert len(data["tables"]) == 3 * 3 + 1
+    assert beside[0]["lr"] == adamw["lr"] and beside[2]["lr"] == soap["lr"]
+    assert beside[0]["tuned"] and beside[0]["wall_ratio"] == pytest.approx(1.0)
+    # per corpus: the main table, the seeds' medians, the race, the step's parts, the grids
+    assert len(data["tables"]) == 3 * 5
     titles = [t["title"] for t in data["tables"]]
-    by_arrangement = data["tables"][titles.index(next(t for t in titles if "by arrangement" in t))]
-    assert by_arrangement["columns"][:2] == ["optimizer", "arrangement"]
-    assert [row[:2] for row in by_arrangement["rows"]] == [
-        ["AdamW", "shared"], ["AdamW", "device-host"], ["SOAP (native)", "shared"],
-        ["SOAP (native)", "device-host"], ["Asteria-SOAP", "shared"],
-        ["Asteria-SOAP", "device-host"]]
-    assert any("by arrangement: shared:" in f and "device-host:" in f
+    race = data["tables"][titles.index(next(t for t in titles if t.startswith("The race")))]
+    assert race["columns"][:3] == ["optimizer", "arrangement", "config"]
+    assert [row[:2] for row in race["rows"]] == [
+        ["AdamW", "device-host"], ["Muon", "device-host"], ["SOAP (native)", "device-host"],
+        ["Asteria-SOAP", "device-host"], ["AdamW", "shared"], ["SOAP (native)", "shared"],
+        ["Asteria-SOAP", "shared"]]
+    summary = data["config"]["summary"]["default"]
+    assert set(summary["race"]) == {"device-host", "shared"}
+    assert any("device-host arrangement: Asteria-SOAP's quickest configuration" in f
                for f in data["findings"])
+    assert set(summary["parts"]) >= {"adamw/device-host", "muon/device-host",
+                                     "asteria_soap/device-host", "asteria_soap/shared"}
     main = data["tables"][0]  # each corpus's main table first
     assert main["title"].startswith("Optimizers on the default")
     assert main["columns"][:4] == ["optimizer", "lr", "tuned", "final val loss"]
-    grids = data["config"]["summary"]["default"]["grids"]
+    grids = summary["grids"]
     assert grids["adamw"]["lrs"] == [3e-3, 1e-2] and grids["adamw"]["bracketed"] is False
-    tuned = data["config"]["summary"]["default"]["tuned"]
-    assert set(tuned) >= {"adamw/shared", "muon/shared", "soap/shared", "adamw/device-host"}
-    assert tuned["adamw/shared"]["seeds"] == 1
+    tuned = summary["tuned"]
+    assert set(tuned) >= {"adamw/device-host", "muon/device-host", "soap/device-host",
+                          "adamw/shared"}
+    assert tuned["adamw/device-host"]["seeds"] == 1
     for plot in data["plots"]:
         assert (tmp_path / "out" / plot["file"]).is_file()
     for key in ("soap_steps_ratio_default", "kl_shampoo_steps_ratio_default",
-                "soap_steps_ratio_python_source", "kl_shampoo_steps_ratio_python_source"):
+                "soap_steps_ratio_python_source", "asteria_soap_wall_vs_muon_default",
+                "asteria_soap_wall_vs_native_python_source"):
         entry = data["headline"][key]
         entry["text"].format(value=entry["value"])
+    assert "kl_shampoo_steps_ratio_python_source" not in data["headline"]  # first corpus only
     assert not any(k.endswith("_user") for k in data["headline"])
     assert any("published anchors" in f for f in data["findings"])
     assert any("against native SOAP at the same lr" in f for f in data["findings"])
@@ -149,20 +160,61 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     assert result.headline == data["headline"]
 
 
+def fake(family, lr=1e-2, seed=0, interval=None, arrangement="device-host", wall=10.0,
+         steps=100, final=1.0):
+    """A run that reaches loss 1.5 at `steps` after `wall` seconds (twice the seconds and steps
+    to its last evaluation)."""
+    return {"family": family, "label": family, "lr": lr, "seed": seed, "interval": interval,
+            "arrangement": arrangement, "peer": None, "extra": [], "final_val_loss": final,
+            "policy": {"swap_delay": interval or 10}, "step_ms_median": 1.0,
+            "curve": curve((0, 5.0, 0.0, 0.0), (steps, 1.5, wall, 10 * wall),
+                           (2 * steps, final, 2 * wall, 20 * wall))}
+
+
+def test_the_race_takes_each_soaps_quickest_interval_and_compares_medians():
+    from asteria_bench import optimizers_report as report
+
+    runs = [fake("adamw", 3e-3, final=1.5), fake("adamw", 3e-3, seed=1, final=1.5),
+            fake("muon", wall=20.0), fake("muon", seed=1, wall=30.0),
+            fake("soap", wall=40.0), fake("soap", interval=2, wall=30.0),
+            fake("soap", interval=2, seed=1, wall=32.0),
+            fake("asteria_soap", wall=25.0, steps=110),
+            fake("asteria_soap", interval=2, wall=20.0, steps=102),
+            fake("asteria_soap", interval=2, seed=1, wall=18.0, steps=104),
+            fake("soap", 3e-2, wall=5.0, final=1.2)]  # an lr that lost the tuning: not raced
+    assert selection.target_of(runs, "device-host") == 1.5
+    assert selection.quickest(runs, "soap", 1.5, "device-host")["interval"] == 2
+    assert selection.quickest(runs, "muon", 1.5, "device-host") is runs[2]
+    entries = report.race(runs, 1.5, "device-host")
+    ours = entries["asteria_soap"]
+    assert ours["interval"] == 2 and ours["seeds"] == 2
+    assert ours["wall_s_to_target"]["median"] == pytest.approx(19.0)
+    assert ours["wall_vs_muon"] == pytest.approx(19.0 / 25.0)
+    assert ours["wall_vs_native"] == pytest.approx(19.0 / 31.0)
+    assert ours["energy_vs_muon"] == pytest.approx(190.0 / 250.0)
+    # the same interval, the seeds both trained: 103 against native's 100 steps
+    groups = report.interval_groups(runs, "asteria_soap", "device-host")
+    native = report.interval_groups(runs, "soap", "device-host")
+    assert sorted(groups) == [2, 10] and len(native[2]) == 2
+    assert report.same_interval_steps(native[2], groups[2], 1.5) == pytest.approx(1.03)
+    assert report.same_interval_steps(native[10], groups[10], 1.5) == pytest.approx(1.1)
+    assert report.same_interval_steps(native[2], groups[2], 0.5) is None  # never reached
+
+
 def test_a_grid_grows_past_the_edge_its_best_sits_at():
-    assert suite.widen([1e-3, 3e-3, 1e-2], 1e-2) == pytest.approx(3.33e-2)
-    assert suite.widen([1e-3, 3e-3, 1e-2], 1e-3) == pytest.approx(3.33e-4)
-    assert suite.widen([1e-3, 3e-3, 1e-2], 3e-3) is None  # inside: bracketed
-    assert suite.widen([1e-2], 1e-2) is None  # one lr: nothing to step by
-    assert suite.widen([3.0, 9.0], 9.0) is None  # past the trainer's largest lr
-    assert suite.bracketed([1e-3, 3e-3, 1e-2], 3e-3)
-    assert not suite.bracketed([1e-3, 3e-3], 3e-3) and not suite.bracketed([3e-3], 3e-3)
+    assert selection.widen([1e-3, 3e-3, 1e-2], 1e-2) == pytest.approx(3.33e-2)
+    assert selection.widen([1e-3, 3e-3, 1e-2], 1e-3) == pytest.approx(3.33e-4)
+    assert selection.widen([1e-3, 3e-3, 1e-2], 3e-3) is None  # inside: bracketed
+    assert selection.widen([1e-2], 1e-2) is None  # one lr: nothing to step by
+    assert selection.widen([3.0, 9.0], 9.0) is None  # past the trainer's largest lr
+    assert selection.bracketed([1e-3, 3e-3, 1e-2], 3e-3)
+    assert not selection.bracketed([1e-3, 3e-3], 3e-3) and not selection.bracketed([3e-3], 3e-3)
 
 
 def test_spread_counts_the_runs_that_never_reach():
-    assert suite.spread([3.0, None, 1.0, 2.0]) == {"n": 3, "missing": 1, "median": 2.0,
+    assert selection.spread([3.0, None, 1.0, 2.0]) == {"n": 3, "missing": 1, "median": 2.0,
                                                    "min": 1.0, "max": 3.0}
-    assert suite.spread([None])["median"] is None
+    assert selection.spread([None])["median"] is None
 
 
 def test_sizes_by_rung_and_seeds(tmp_path):
@@ -174,10 +226,14 @@ def test_sizes_by_rung_and_seeds(tmp_path):
     with pytest.raises(ValueError, match="^--rung: got 'huge'"):
         suite.pick_sizes(BenchOptions(**{**opts.__dict__, "quick": False, "rung": "huge"}))
     assert suite.planned_runs(suite.LARGE, 1) == {"least": 6, "most": 6}
-    # the full default rung: 3 + 3 + 3 + 1 + 3 + 3 runs per corpus to tune, 2 more seeds of 6
-    # tuned ones, 4 intervals x 2 SOAPs x 3 seeds; 4 x 3 device-host runs on the first corpus
-    assert suite.planned_runs(suite.FULL, 2) == {"least": 2 * (16 + 12 + 24) + 12,
-                                                 "most": 2 * (16 + 12 + 24) + 12 + 2 * 5 * 2}
+    # the full default rung, first corpus: 3 + 3 + 3 + 1 + 3 + 3 runs to tune, 2 more seeds of
+    # 6 tuned ones, 4 intervals x 2 SOAPs on one seed and 2 more seeds of each one's quickest,
+    # the race's 4 beside; the second corpus the race alone: 3 + 3 + 3 + 1, 2 x 4 seeds, the
+    # same intervals and beside
+    first, second = 16 + 12 + (8 + 4) + 4, 10 + 8 + (8 + 4) + 4
+    assert suite.planned_runs(suite.FULL, 2) == {"least": first + second,
+                                                 "most": first + second + 2 * (5 + 3)}
+    assert suite.planned_runs(suite.FULL, 2, peers=2)["least"] == first + second + 2 * 3
 
 
 SEEDED = suite.Sizes(
@@ -201,13 +257,25 @@ def test_seeds_intervals_and_a_widened_grid(tmp_path, monkeypatch):
                       and r["lr"] == summary["tuned"]["adamw/shared"]["lr"]] for seed in (0, 1))
     assert len(first) == len(second) == 1
     assert first[0]["train_losses"] != second[0]["train_losses"]  # another seed, another run
+    # every interval on the first seed; the other seed where that interval is the quicker
+    quicker = quicker_at_2(runs)
     axis = [(r["family"], r["interval"], r["seed"]) for r in runs if r["interval"] is not None]
-    assert sorted(axis) == [("asteria_soap", 2, 0), ("asteria_soap", 2, 1), ("soap", 2, 0),
-                            ("soap", 2, 1)]
+    assert sorted(axis) == sorted([("asteria_soap", 2, 0), ("soap", 2, 0),
+                                   *((f, 2, 1) for f in quicker)])
     assert all(r["policy"]["refresh_interval"] == 2 for r in runs if r["interval"] == 2)
+    assert all(r["policy"]["swap_delay"] == 2 for r in runs
+               if r["interval"] == 2 and r["family"] == "asteria_soap")  # "auto": the interval
     assert set(summary["intervals"]) == {"soap/2", "soap/10", "asteria_soap/2",
                                          "asteria_soap/10"}
-    assert len(runs) == 3 + 1 + 1 + 3 + 4
+    assert len(runs) == 3 + 1 + 1 + 3 + 2 + len(quicker)
+
+
+def quicker_at_2(runs: list[dict]) -> list[str]:
+    """The SOAPs of a SEEDED run whose quickest interval is 2 (timing decides it): they train
+    their second seed there too."""
+    target = selection.target_of(runs, "shared")
+    return [f for f in ("asteria_soap", "soap")
+            if selection.quickest(runs, f, target, "shared")["interval"] == 2]
 
 
 def bench(out: Path, *args: str) -> int:
@@ -245,9 +313,9 @@ def test_a_run_cut_short_resumes_from_its_runs_and_follows_their_choices(tmp_pat
     assert data["complete"] is True
     assert [r["step_ms"] for r in data["runs"][:2]] == [r["step_ms"] for r in grid]  # kept
     assert data["runs"][2]["family"] == "adamw"
-    assert data["runs"][2]["lr"] == pytest.approx(suite.widen(SEEDED.adamw_lrs, loser["lr"]))
+    assert data["runs"][2]["lr"] == pytest.approx(selection.widen(SEEDED.adamw_lrs, loser["lr"]))
     assert 0.5 not in [r["lr"] for r in data["runs"]]
-    assert len(data["runs"]) == len(finished["runs"])
+    assert len(data["runs"]) == 3 + 1 + 1 + 3 + 2 + len(quicker_at_2(data["runs"]))
     resumed = data["config"]["resumed"]
     assert [(r["runs_found"], r["runs_kept"], r["runs_dropped"]) for r in resumed] == [(3, 2, 1)]
     assert data["started"] == finished["started"] and data["seconds"] >= 1000.0
