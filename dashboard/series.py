@@ -34,6 +34,8 @@ SCALARS = {
 DICTS = {("timing", "idle_seconds"): "idle_", ("energy", "joules"): "joules_",
          ("tiers", "bytes"): "tier_", ("tiers", "capacity_bytes"): "cap_"}
 CUMULATIVE_PREFIXES = ("joules_",)
+POWER_WINDOW_S = 1.0
+"""Power is drawn from energy readings at least this far apart."""
 
 
 def compact(record: dict[str, Any], tokens_before: int) -> dict[str, Any]:
@@ -140,6 +142,17 @@ def long(df: pd.DataFrame, cols: list[str], prefix: str = "") -> pd.DataFrame:
     return out
 
 
+def spaced(elapsed: pd.Series, gap: float) -> list[bool]:
+    """Which of the (increasing) times to keep: the first, then each at least `gap` after the
+    last one kept."""
+    keep, last = [], None
+    for t in elapsed:
+        keep.append(last is None or t - last >= gap)
+        if keep[-1]:
+            last = t
+    return keep
+
+
 def energy(df: pd.DataFrame) -> pd.DataFrame:
     """Per source: cumulative joules, power (W) and joules per token, long form."""
     parts = []
@@ -148,8 +161,12 @@ def energy(df: pd.DataFrame) -> pd.DataFrame:
         d = df[["step", "elapsed", "tokens_total", col]].dropna().rename(columns={col: "joules"})
         # Measured meters are read every few steps (telemetry.energy_poll_seconds): power is
         # the energy difference between successive readings over their time, not between
-        # steps. The estimate is credited at every step's end, so each step is a reading.
+        # steps. The estimate is credited at every step's end, so each step is a reading; a
+        # record's time is stamped a moment after its reading (another thread may hold the
+        # GIL in between), which over a step of a few ms would show power no machine draws,
+        # so readings at least POWER_WINDOW_S apart are taken.
         polls = d[d["joules"].diff().fillna(1.0) != 0]
+        polls = polls[spaced(polls["elapsed"], POWER_WINDOW_S)]
         dt = polls["elapsed"].diff()
         d["watts"] = (polls["joules"].diff() / dt).where(dt > 0)
         d["joules_per_token"] = d["joules"] / d["tokens_total"]

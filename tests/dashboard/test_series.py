@@ -138,10 +138,24 @@ def test_power_is_taken_between_meter_readings():
     # The meter is read every 10 steps (0.1 s); 5 J per reading is 50 W, not spikes of 500 W.
     buf = series.StepBuffer()
     buf.extend([record(s, energy={"joules": {"rapl": 5.0 * (s // 10)}})
-                for s in range(1, 201)])
+                for s in range(1, 1001)])
     e = series.energy(series.frame(buf))
     assert set(e["kind"]) == {"measured"}
-    assert e["watts"].dropna().to_numpy()[1:] == pytest.approx(50.0)  # [0]: from step 1
+    watts = e["watts"].dropna().to_numpy()
+    assert len(watts) == 9  # readings at least a second apart: steps 1, 110, 210, ... 910
+    assert watts[1:] == pytest.approx(50.0)  # [0]: from step 1
+
+
+def test_power_is_not_inflated_by_a_late_time_stamp():
+    """A record stamped 5 ms after its reading (its thread waited for the GIL) makes one 10 ms
+    step look 15 ms and the next 5 ms: taken step by step, 100 W would show as 200 W."""
+    buf = series.StepBuffer()
+    rows = [record(s, energy={"joules": {"model": 1.0 * s}}) for s in range(1, 1001)]
+    for row in rows[::7]:
+        row["time"] += 0.005
+    buf.extend(rows)
+    watts = series.energy(series.frame(buf))["watts"].dropna()
+    assert watts.max() == pytest.approx(100.0, rel=0.01)
 
 
 def test_the_dashboard_never_reads_metrics_text():
