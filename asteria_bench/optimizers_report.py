@@ -341,22 +341,20 @@ def race_findings(result: SuiteResult, key: str, arrangement: str,
     if arrangement != here:
         return
     native_by = interval_groups(runs, "soap", here)
-    said = []
-    for interval, group in interval_groups(runs, "asteria_soap", here).items():
-        if interval in native_by:
-            vs = same_interval_steps(native_by[interval], group, target)
-            said.append(f"interval {interval}: {_fmt(vs, '.3f')}")
-    if said:
-        worst = [v for v in (same_interval_steps(native_by[i], g, target)
-                             for i, g in interval_groups(runs, "asteria_soap", here).items()
-                             if i in native_by) if v is not None]
-        verdict = "" if not worst else (
-            f" (goal at most {GOALS['steps_vs_native']:g}x: "
-            f"{'met' if max(worst) <= GOALS['steps_vs_native'] else 'missed'} at "
-            f"{sum(v <= GOALS['steps_vs_native'] for v in worst)} of {len(worst)})")
-        result.findings.append(
-            f"On the {key} corpus, Asteria-SOAP's steps to the target over native SOAP's at "
-            f"the same refresh interval: {'; '.join(said)}{verdict}.")
+    ratios = {interval: same_interval_steps(native_by[interval], group, target)
+              for interval, group in interval_groups(runs, "asteria_soap", here).items()
+              if interval in native_by}
+    if not ratios:
+        return
+    said = [f"interval {interval}: {_fmt(vs, '.3f')}" for interval, vs in ratios.items()]
+    worst = [v for v in ratios.values() if v is not None]
+    goal = GOALS["steps_vs_native"]
+    verdict = "" if not worst else (
+        f" (goal at most {goal:g}x: {'met' if max(worst) <= goal else 'missed'} at "
+        f"{sum(v <= goal for v in worst)} of {len(worst)})")
+    result.findings.append(
+        f"On the {key} corpus, Asteria-SOAP's steps to the target over native SOAP's at "
+        f"the same refresh interval: {'; '.join(said)}{verdict}.")
 
 
 def report_parts(result: SuiteResult, key: str, runs: list[dict[str, Any]], target: float,
