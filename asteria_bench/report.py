@@ -1,8 +1,9 @@
 """docs/benchmarks.md and the README's performance section, rendered from the suites' JSON only.
 
-Nothing here measures or recomputes: every number comes out of a suite's file (its tables, its
-headline figures, its findings), so the README and the report say what the JSON says, and the
-drift test (tests/bench/test_report_drift.py) fails where they do not.
+Nothing here measures: every number comes out of a suite's file, worded by its module in
+asteria_bench/reports (its tables, its headline figures, its findings), so the README and the
+report say what the JSON says, and the drift test (tests/bench/test_report_drift.py) fails where
+they do not.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from asteria_bench import results
-from asteria_bench.suites import SUITES, load, measured_paths, suite_of
+from asteria_bench import reports, results
+from asteria_bench import suites as suite_modules
+from asteria_bench.suites import SUITES, measured_paths, suite_of
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -24,6 +26,11 @@ END = "<!-- asteria bench: end -->"
 # between these names the suite and the table's index, and is rendered like the section.
 TABLE_BLOCK = re.compile(r"(<!-- asteria bench: table (?P<suite>[\w-]+) (?P<index>\d+) -->\n)"
                          r"(?P<body>.*?)(\n<!-- asteria bench: end table -->)", re.S)
+
+
+def load(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every suite's file in `out_dir`, by suite name, worded."""
+    return {name: reports.worded(data) for name, data in results.load(out_dir).items()}
 
 
 def _ordered(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,7 +89,7 @@ def freshness(data: dict[str, Any], root: Path = CHECKOUT) -> str:
         return "stale: the code it measures changed since"
     if not data.get("complete", True):  # files from before the flag was written are complete
         suite = suite_of(data["suite"])
-        if not getattr(load(suite), "RESUMABLE", False):
+        if not getattr(suite_modules.load(suite), "RESUMABLE", False):
             return f"partial: cut short before its end; `asteria bench {suite}` runs it again"
         rung = (data.get("config") or {}).get("rung", "default")
         command = f"asteria bench {suite}" + (f" --rung {rung}" if rung != "default" else "")
@@ -225,7 +232,7 @@ def current_section(readme: str) -> str | None:
 
 def write(out_dir: Path, report_path: Path, readme_path: Path | None) -> list[Path]:
     """Render both from `out_dir`'s JSON; returns the files written."""
-    found = results.load(out_dir)
+    found = load(out_dir)
     written = []
     if found:
         report_path.parent.mkdir(parents=True, exist_ok=True)

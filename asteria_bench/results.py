@@ -5,11 +5,11 @@ A suite's file holds what the report needs and nothing it has to recompute:
     seconds,
     machine (cpu, cores, memory, python, torch and its threads, device), git (commit, dirty),
     config (what was run: model, steps, corpus, ...),
-    runs (one dict per configuration, raw step times included),
-    tables [{title, columns, rows, note}], plots [{file, caption}],
-    headline {key: {value, text}}: the figures the README quotes, each with the sentence that
-    quotes it (text is a format string over value),
-    findings [sentence]: what the numbers say, each sentence built from numbers in this file.
+    runs (one dict per configuration, raw step times included), plots [{file, caption}].
+A suite measures; its words (tables, the headline figures the README quotes, findings) are
+rendered from these figures by its module in asteria_bench/reports when the report is written
+(`Words`). The optimizers suite still words its file as it saves it (the same three keys:
+tables [{title, columns, rows, note}], headline {key: {value, text}}, findings [sentence]).
 """
 
 from __future__ import annotations
@@ -95,8 +95,39 @@ class Table:
         self.rows.append(list(cells))
 
 
+class Wording:
+    """Tables, headline figures and findings, as a report words a suite's figures."""
+
+    tables: list[Table]
+    headline: dict[str, dict[str, Any]]
+    findings: list[str]
+
+    def table(self, title: str, columns: list[str], note: str = "") -> Table:
+        t = Table(title, columns, note=note)
+        self.tables.append(t)
+        return t
+
+    def quote(self, key: str, value: Any, text: str) -> None:
+        """A headline figure: `text` formats `value` (e.g. "SOAP needs {value:.2f}x ...")."""
+        text.format(value=value)  # fails here, not in the README, if the format is wrong
+        self.headline[key] = {"value": value, "text": text}
+
+    def worded(self) -> dict[str, Any]:
+        return {"tables": [vars(t) for t in self.tables], "headline": self.headline,
+                "findings": self.findings}
+
+
 @dataclass
-class SuiteResult:
+class Words(Wording):
+    """A suite's words, rendered from its file's figures (asteria_bench/reports)."""
+
+    tables: list[Table] = field(default_factory=list)
+    headline: dict[str, dict[str, Any]] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SuiteResult(Wording):
     """What one suite measured; `save` writes it (call it as the suite goes, so a run cut short
     keeps what it had)."""
 
@@ -125,16 +156,6 @@ class SuiteResult:
     left by a run cut short, says false."""
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
-    def table(self, title: str, columns: list[str], note: str = "") -> Table:
-        t = Table(title, columns, note=note)
-        self.tables.append(t)
-        return t
-
-    def quote(self, key: str, value: Any, text: str) -> None:
-        """A headline figure: `text` formats `value` (e.g. "SOAP needs {value:.2f}x ...")."""
-        text.format(value=value)  # fails here, not in the report, if the format is wrong
-        self.headline[key] = {"value": value, "text": text}
-
     def shift_start(self, seconds: float) -> None:
         """Count `seconds` already spent (by the run this one continues) in `seconds`."""
         self._t0 -= seconds
@@ -147,9 +168,8 @@ class SuiteResult:
             "started": self.started,
             "seconds": round(time.perf_counter() - self._t0, 1),
             "machine": self.machine, "git": self.git,
-            "config": self.config, "runs": self.runs + self.carried,
-            "tables": [vars(t) for t in self.tables], "plots": self.plots,
-            "headline": self.headline, "findings": self.findings,
+            "config": self.config, "runs": self.runs + self.carried, "plots": self.plots,
+            **self.worded(),
         }
 
     def save(self, out_dir: Path) -> Path:

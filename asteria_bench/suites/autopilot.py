@@ -234,88 +234,61 @@ def run(opts: BenchOptions) -> SuiteResult:
         finally:
             mid_run.close()
     result.runs.append(_ranks_scenario(opts))
-    for sc in result.runs:
-        _report(result, sc, opts)
-    _quote(result)
+    result.plots += [_judge(sc, opts) for sc in result.runs]
     result.save(opts.out_dir)
     return result
 
 
-def _report(result: SuiteResult, sc: dict[str, Any], opts: BenchOptions) -> None:
-    runs = sc["runs"]
-    start, pilot, grid = runs[0], runs[1], runs[2:]
-    best = min([start, *grid], key=lambda r: r["to_target_s"] or float("inf"))
-    emulated = f", refreshes emulated {sc['slower']:g}x slower" if sc["slower"] != 1 else ""
-    table = result.table(
-        f"Scenario {sc['name']}: time to loss {sc['target_loss']:.3f} (best final + "
-        f"{QUALITY}; {sc['steps']} steps, {runs[0]['params'] / 1e6:.1f}M parameters"
-        f"{emulated})",
-        ["configuration", "s to target", "x best static", "final loss", "refresh wait s",
-         "transfer wait s", "sync wait s", "p50 ms", "changes"])
-    for r in runs:
-        t = r["to_target_s"]
-        table.add(r["label"], "never" if t is None else f"{t:.1f}",
-                  "-" if t is None or not best["to_target_s"] else
-                  f"{t / best['to_target_s']:.2f}", f"{r['final_turn_loss']:.4f}",
-                  f"{r['idle_s'].get('refresh_wait', 0.0):.1f}",
-                  f"{r['idle_s'].get('transfer_wait', 0.0):.1f}",
-                  f"{r['idle_s'].get('sync_wait', 0.0):.1f}", f"{r['p50_ms']:.0f}",
-                  len(r.get("policy_changes", [])))
-    key = sc["name"].split(":")[0]
-    changes = pilot.get("policy_changes", [])
-    result.findings.append(
-        f"Scenario {key}: the autopilot made {len(changes)} change(s)" + (": " + "; ".join(
-            f"v{c['version']} from step {c['effective_step']}: {c['reason']}" for c in changes)
-            if changes else " (nothing it reads was amiss)."))
-    verdict = _verdict(start, pilot, best)
-    sc["met"] = verdict.startswith("the autopilot meets")
-    result.findings.append(f"Scenario {key}: {verdict}")
+def _judge(sc: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
+    """The scenario's goal, judged (`met`), and a plot of its losses: the starting policy's, the
+    autopilot's and the best static policy's."""
+    start, pilot, best = sc["runs"][0], sc["runs"][1], best_static(sc["runs"])
+    sc["met"] = goal(start, pilot, best).met
     sc["best_static"] = best["label"]
     sc["vs_best"] = _ratio(pilot["to_target_s"], best["to_target_s"])
     sc["vs_start"] = _ratio(start["to_target_s"], pilot["to_target_s"])
     xs = list(range(1, len(pilot["loss"]) + 1))
-    result.plots.append(xy_plot(
+    return xy_plot(
         [(r["label"], xs, [x if x is not None else float("nan") for x in r["loss"]])
          for r in (start, pilot, best)],
-        opts.out_dir / f"autopilot-{key}.png", title=f"scenario {sc['name']}: training loss",
-        xlabel="step", ylabel="training loss (measured)"))
+        opts.out_dir / f"autopilot-{sc['name'].split(':')[0]}.png",
+        title=f"scenario {sc['name']}: training loss", xlabel="step",
+        ylabel="training loss (measured)")
+
+
+def best_static(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The quickest to the target of the starting policy and the static grid."""
+    return min([runs[0], *runs[2:]], key=lambda r: r["to_target_s"] or float("inf"))
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a / b, 2)
 
 
-def _quote(result: SuiteResult) -> None:
-    """Headline figures (numbers): how many scenarios meet the goal, and the autopilot's worst
-    time against the best static policy's; every scenario's figures in the sentence."""
-    each = "; ".join(f"{sc['name'].split(':')[0]}: "
-                     + ("never reached" if sc["vs_best"] is None else f"{sc['vs_best']:.2f}x")
-                     for sc in result.runs)
-    result.quote("autopilot_goals_met", sum(sc["met"] for sc in result.runs),
-                 f"the autopilot meets its goal in {{value}} of {len(result.runs)} "
-                 f"scenarios (time to the loss over the best static policy's: {each})")
-    reached = [sc["vs_best"] for sc in result.runs if sc["vs_best"] is not None]
-    if reached:
-        result.quote("autopilot_worst_vs_best", max(reached),
-                     "the autopilot's time to the loss is at most {value:.2f}x the best static "
-                     "policy's in the scenarios where it reaches the loss (goal: 1.05x)")
+@dataclass
+class Goal:
+    """The autopilot's goal in a scenario: within 1.05x of the best static policy's time to the
+    target, at least 1.25x faster than the starting policy where that is poor (1.25x the best
+    or worse), final loss within QUALITY of the best's."""
+
+    reached: bool
+    ratio: float | None
+    """The autopilot's time over the best static policy's."""
+    gap: float
+    """Its final loss minus the best static policy's."""
+    poor: bool
+    speedup: float | None
+    """The starting policy's time over the autopilot's; None where the start never reached."""
+    met: bool
 
 
-def _verdict(start: dict[str, Any], pilot: dict[str, Any], best: dict[str, Any]) -> str:
-    """The goal, judged: within 1.05x of the best static time, at least 1.25x faster than the
-    starting policy where that is poor (1.25x the best or worse), final loss within QUALITY."""
-    if pilot["to_target_s"] is None:
-        return (f"the autopilot misses the goal: it never reached the target (final loss "
-                f"{pilot['final_turn_loss'] - best['final_turn_loss']:+.4f} against "
-                f"{best['label']}).")
-    ratio = pilot["to_target_s"] / best["to_target_s"]
+def goal(start: dict[str, Any], pilot: dict[str, Any], best: dict[str, Any]) -> Goal:
     gap = pilot["final_turn_loss"] - best["final_turn_loss"]
+    if pilot["to_target_s"] is None:
+        return Goal(False, None, gap, True, None, False)
+    ratio = pilot["to_target_s"] / best["to_target_s"]
     poor = start["to_target_s"] is None or start["to_target_s"] >= 1.25 * best["to_target_s"]
     speedup = None if start["to_target_s"] is None else start["to_target_s"] / pilot[
         "to_target_s"]
     met = ratio <= 1.05 and gap <= QUALITY and (not poor or speedup is None or speedup >= 1.25)
-    against = "never reached the target" if speedup is None else f"{speedup:.2f}x"
-    return (f"the autopilot {'meets' if met else 'misses'} the goal: {ratio:.2f}x the best "
-            f"static policy's time ({best['label']}; goal 1.05x), final loss {gap:+.4f} against "
-            f"it (goal within {QUALITY}); against its starting policy {against} "
-            f"({'poor' if poor else 'not poor'}: goal 1.25x where poor).")
+    return Goal(True, ratio, gap, poor, speedup, met)

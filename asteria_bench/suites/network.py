@@ -91,8 +91,6 @@ def run(opts: BenchOptions) -> SuiteResult:
     why_not = can_shape()
     if why_not:
         raise RuntimeError(f"the network suite {why_not}")
-    if env is None:
-        result.findings.append(distributed.HOW_TO_GET + ".")
     rows = []
     with progress(len(sizes.rates) * len(chosen), "network: torchrun jobs", opts) as bar:
         for rate in sizes.rates:
@@ -105,46 +103,9 @@ def run(opts: BenchOptions) -> SuiteResult:
                     result.runs.append(row)
                     result.save(opts.out_dir)
                     bar.update(1)
-    summarize(result, rows, sizes)
     plot(result, rows, sizes, opts)
     result.save(opts.out_dir)
     return result
-
-
-def summarize(result: SuiteResult, rows: list[dict], sizes: Sizes) -> None:
-    t = result.table(
-        f"2 ranks on a loopback limited by tc tbf ({sizes.steps} steps, refresh every "
-        f"{sizes.interval}; timings after the first round)",
-        ["rate", "configuration", "step p50 ms", "step mean ms", "sync_wait ms/step",
-         "staleness max", "bytes/step/rank"],
-        note="the rate is the namespace loopback's, shared by every rank's traffic in both "
-             "directions, DDP's gradient all-reduce included")
-    for r in rows:
-        t.add(r["rate"], r["label"], round(r["step_ms"], 1), round(r["step_ms_mean"], 1),
-              "-" if r["sync_wait_ms_per_step"] is None else round(r["sync_wait_ms_per_step"], 2),
-              r["staleness_max"], round(r["bytes_per_step_per_rank"]))
-
-    def find(rate: str, label: str) -> dict | None:
-        return next((r for r in rows if r["rate"] == rate and r["label"] == label), None)
-
-    for rate in sizes.rates:
-        soap, sync, ds = (find(rate, "Asteria SOAP S=5"), find(rate, SYNC),
-                          find(rate, DS_FP32))
-        if soap and sync:
-            result.findings.append(
-                f"At {rate}, S = 5 waited {soap['sync_wait_ms_per_step']:.2f} ms per step for "
-                f"other ranks' bases against {sync['sync_wait_ms_per_step']:.2f} ms for the "
-                f"synchronous exchange; step mean {soap['step_ms_mean']:.1f} against "
-                f"{sync['step_ms_mean']:.1f} ms.")
-            if rate == sizes.rates[0]:
-                result.quote("step_mean_sync_over_s5", round(
-                    sync["step_ms_mean"] / soap["step_ms_mean"], 3),
-                    f"at {rate} the synchronous exchange's mean step is {{value:.2f}}x S = 5's")
-        if soap and ds:
-            result.findings.append(
-                f"At {rate}, Distributed Shampoo's per-step all-gather made its mean step "
-                f"{ds['step_ms_mean']:.1f} ms against Asteria S = 5's "
-                f"{soap['step_ms_mean']:.1f} ms.")
 
 
 def plot(result: SuiteResult, rows: list[dict], sizes: Sizes, opts: BenchOptions) -> None:

@@ -186,34 +186,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         for _ in range(rounds):
             soap.turn([loader.next_batch() for _ in range(steps)])
             bar.update()
-    runs = [arm.summary(len(warm)) for arm in arms]
-    result.runs = runs
+    result.runs = [arm.summary(len(warm)) for arm in arms]
     result.config["params"] = sum(p.numel() for p in arms[0].model.parameters())
-    bare, attached, soap_run = runs
-    table = result.table(
-        f"The runtime's own CPU per step ({result.config['params'] / 1e6:.2f}M-parameter GPT, "
-        f"batch {batch} x {config.block_size}, {THREADS} threads, {rounds} x {steps} steps an arm)",
-        ["arm", "step p50 ms", "runtime CPU ms/step", "share of the step",
-         "of which basis swaps ms/step", "bookkeeping share"])
-    for r in runs:
-        cells = [r.get("runtime_cpu_ms_mean"), r.get("runtime_share_of_step"),
-                 r.get("swap_cpu_ms_mean"), r.get("bookkeeping_share_of_step")]
-        table.add(r["label"], f"{r['step_ms_median']:.1f}",
-                  *("-" if v is None else f"{v:{f}}"
-                    for v, f in zip(cells, (".3f", ".2%", ".3f", ".2%"), strict=True)))
-    ratio = attached["step_ms_median"] / bare["step_ms_median"]
-    result.config["adamw_attached_over_bare_median"] = ratio
-    result.quote("runtime_share", [attached["runtime_share_of_step"],
-                                   soap_run["runtime_share_of_step"],
-                                   soap_run["swap_share_of_step"],
-                                   soap_run["bookkeeping_share_of_step"]],
-                 "the runtime's own CPU is {value[0]:.2%} of an AdamW step and {value[1]:.2%} "
-                 "of a SOAP step (the refresh runs on the worker); of the latter, "
-                 "{value[2]:.2%} is the basis swaps at the boundary (SOAP's own moment "
-                 "rotation, which native SOAP does inside its step) and {value[3]:.2%} the "
-                 "runtime's bookkeeping")
-    result.findings.append(
-        f"The attached AdamW step over the bare one, side by side in one run (interleaved "
-        f"ABBA turns): {ratio:.4f}.")
     result.save(opts.out_dir)
     return result

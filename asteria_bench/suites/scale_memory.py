@@ -248,30 +248,6 @@ def tiered_matches_memory(opts: BenchOptions) -> dict[str, Any]:
             memory.get("losses") == tiered.get("losses")}
 
 
-def headline_table(result, row: dict[str, Any], match: dict[str, Any]) -> None:
-    """The row as a table of a SuiteResult (asteria_bench.results)."""
-    t = row["tiered"]
-    table = result.table(
-        f"Memory headline: {row['model']} ({row['params'] / 1e9:.2f}B parameters) under a "
-        f"{row['cap_bytes'] / GiB:.1f} GiB memory cgroup",
-        ["run", "outcome", "peak RSS GiB", "on disk GiB", "step s (median)", "compute s",
-         "tier waits s", "refresh s"],
-        note="memory: SOAP state all in memory, refused before step 1; tiered: device budget "
-             "one working set, host budget two staging buffers, the rest on disk; refreshes "
-             f"inline. Tiered and in-memory losses equal bit for bit at {match['model']}: "
-             f"{match['equal']}")
-    refused = row["memory"]
-    table.add("all in memory", f"exit {refused['returncode']}: {refused['message']}",
-              None, None, None, None, None, None)
-    if t["returncode"]:
-        table.add("tiered", f"exit {t['returncode']}", None, None, None, None, None, None)
-        return
-    per = t["seconds_per_step"]
-    table.add("tiered", f"trained {t['steps']} steps", round(t["peak_rss_bytes"] / GiB, 2),
-              round(t["disk_bytes"] / GiB, 2), round(t["step_seconds_median"], 2),
-              round(per["compute"], 2), round(per["transfer_wait"], 2), round(per["refresh"], 2))
-
-
 def run(opts: BenchOptions) -> SuiteResult:
     size, match_size = opts.pick(QUICK, FULL), opts.pick(MATCH_QUICK, MATCH_FULL)
     result = SuiteResult("scale-memory", TITLE, opts.quick, opts.command,
@@ -282,52 +258,15 @@ def run(opts: BenchOptions) -> SuiteResult:
     result.save(opts.out_dir)
     why = cgroup_missing()
     if why is not None:  # the cap needs root: say so, and keep what could be measured
-        result.findings.append(f"The memory headline was not measured: {why}.")
-        findings(result, None, match)
+        result.config["memory_headline_missing"] = why
         result.save(opts.out_dir)
         return result
     row = memory_headline(opts)
     result.config["memory_headline"] = row
     result.runs += [{"run": "all in memory", **row["memory"]}, {"run": "tiered", **row["tiered"]}]
-    headline_table(result, row, match)
-    findings(result, row, match)
     result.plots.append(plot(row, opts.out_dir / "scale-memory.png"))
     result.save(opts.out_dir)
     return result
-
-
-def findings(result: SuiteResult, row: dict[str, Any] | None, match: dict[str, Any]) -> None:
-    """The headline in words: refused in memory, trained tiered, the same losses."""
-    result.quote("tiered_equals_memory", float(match["equal"]),
-                 f"tiered and all-in-memory SOAP give the same losses bit for bit at "
-                 f"{match['model']}: {{value:.0f}} (1 = yes)")
-    result.findings.append(
-        f"Tiered and all-in-memory SOAP at {match['model']} ({match['params'] / 1e6:.0f}M "
-        f"parameters), {match['steps']} steps with the staged results swapped in, both with "
-        f"{match.get('memory_threads')} threads: the losses are "
-        + ("equal bit for bit." if match["equal"] else "NOT equal."))
-    if row is None:
-        return
-    refused, tiered = row["memory"], row["tiered"]
-    cap = f"{row['cap_bytes'] / GiB:.1f} GiB"
-    model = f"{row['model']} ({row['params'] / 1e9:.2f}B parameters)"
-    if row["trained_under_cap"]:
-        result.quote("tiered_peak_rss_gib", tiered["peak_rss_bytes"] / GiB,
-                     f"a {model} GPT trains with tiered SOAP state under a {cap} memory cap, "
-                     "peak RSS {value:.1f} GiB, where SOAP with its state all in memory is "
-                     "refused up front")
-        result.quote("tiered_step_s", tiered["step_seconds_median"],
-                     "its median step takes {value:.0f} s on this machine's 2 cores")
-    result.findings.append(
-        f"{model} under a {cap} memory cgroup: SOAP with its state all in memory "
-        + (f"was refused before step 1 (exit {refused['returncode']}: {refused['message']})"
-           if refused["returncode"] == REFUSED else f"ended with exit {refused['returncode']}")
-        + "; with tiered state it "
-        + (f"trained {tiered['steps']} steps, peak RSS {tiered['peak_rss_bytes'] / GiB:.2f} GiB "
-           f"(the cgroup's peak, page cache included, {tiered['cgroup_peak_bytes'] / GiB:.2f} "
-           f"GiB), {tiered['disk_bytes'] / GiB:.2f} GiB on disk, median step "
-           f"{tiered['step_seconds_median']:.1f} s." if row["trained_under_cap"] else
-           f"did not train its steps (exit {tiered['returncode']})."))
 
 
 def plot(row: dict[str, Any], path: Path) -> dict[str, str]:

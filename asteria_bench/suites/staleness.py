@@ -45,33 +45,6 @@ def run(opts: BenchOptions) -> SuiteResult:
     result.runs = runs
     result.config["params"] = runs[0]["params"]
     native = runs[0]
-    table = result.table(
-        f"Bound S against native SOAP ({runs[0]['params'] / 1e6:.1f}M parameters, {steps} steps)",
-        ["configuration", "val loss", "train s", "train s / native", "refresh wait s",
-         "spike", "p99 ms", "max staleness"])
-    for r in runs:
-        table.add(r["label"], f"{r['final_val_loss']:.4f}", f"{r['train_s']:.1f}",
-                  f"{r['train_s'] / native['train_s']:.2f}",
-                  f"{r['idle_s'].get('refresh_wait', 0.0):.2f}", f"{r['spike']:.2f}",
-                  f"{r['p99_ms']:.0f}", r["staleness_max"])
-    background = runs[1:]
-    best = min(background, key=lambda r: r["train_s"])
-    result.quote("staleness_best_wallclock", [best["label"].split()[-1],
-                                              best["train_s"] / native["train_s"],
-                                              best["final_val_loss"] - native["final_val_loss"]],
-                 "staleness sweep: the fastest bound ({value[0]}) trains in {value[1]:.2f}x "
-                 "native SOAP's wall-clock, val loss {value[2]:+.4f} against native's")
-    for r in background:
-        if r["staleness_max"] > int(r["label"].split("=")[-1]):
-            result.findings.append(f"{r['label']}: staleness reached {r['staleness_max']}, "
-                                   "over its bound.")
-    waited = [r for r in background if r["idle_s"].get("refresh_wait", 0.0) > 0.05 * r["train_s"]]
-    if waited:
-        result.findings.append(
-            "Bounds where the step waited for the refresh more than 5% of the run: " +
-            ", ".join(f"{r['label'].split()[-1]} ({r['idle_s']['refresh_wait']:.1f} s)"
-                      for r in waited) + ": the bound is shorter than a round takes on the "
-            "worker, so training waits at it.")
     xs = [0, *bounds]
     result.plots.append(xy_plot(
         [("final val loss", xs, [r["final_val_loss"] for r in runs])],

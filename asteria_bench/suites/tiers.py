@@ -74,11 +74,9 @@ def run(opts: BenchOptions) -> SuiteResult:
     root = Path(tempfile.mkdtemp(prefix="asteria-bench-tiers-", dir=DISK_DIR))
     placements = [("base", None, None), *BUDGETS]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in placements}
-    dds: list[dict] = []
     try:
         for r in range(sizes.repeats):
-            dds.append(dd_rate(root, sizes.dd_mib))
-            result.runs.append({"kind": "dd", "repeat": r, **dds[-1]})
+            result.runs.append({"kind": "dd", "repeat": r, **dd_rate(root, sizes.dd_mib)})
             for name, dev, host in placements:
                 folder = root / f"{name.replace(' ', '-').replace('%', '')}-{r}"
                 folder.mkdir(parents=True)
@@ -89,7 +87,14 @@ def run(opts: BenchOptions) -> SuiteResult:
                 result.save(opts.out_dir)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    summarize(result, runs, dds, sizes, opts)
+    result.config["state_bytes"] = runs["memory"][0]["state_bytes"]
+    found = figures(runs)
+    if found.share["memory"] <= 0:  # the state is lost in the RSS noise: no share to compare
+        raise RuntimeError(f"tiers: all-in-memory SOAP's peak RSS ({found.rss['memory']} B) is "
+                           f"not above the base process's ({found.rss['base']} B); the state "
+                           f"({result.config['state_bytes']} B) is too small to measure: use "
+                           "more or larger layers")
+    plot(result, runs, found, opts)
     result.save(opts.out_dir)
     return result
 
@@ -127,116 +132,39 @@ def med(values) -> float:
     return statistics.median(list(values))
 
 
-def summarize(result: SuiteResult, runs: dict[str, list[dict]], dds: list[dict], sizes: Sizes,
-              opts: BenchOptions) -> None:
-    mib = 2**20
-    state_bytes = runs["memory"][0]["state_bytes"]
+def by_placement(rows: list[dict]) -> dict[str, list[dict]]:
+    """The placements' runs, repeats in order, from the suite's runs (dd's left out)."""
+    runs: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "placement":
+            runs.setdefault(r["placement"], []).append(r)
+    return runs
+
+
+@dataclass
+class Figures:
+    rss: dict[str, float]
+    """Peak RSS per placement (median over repeats)."""
+    share: dict[str, float]
+    """The optimizer state's share of it: the placement's peak RSS minus the base process's."""
+    step: dict[str, float]
+    step_ratio: dict[str, float]
+    """Step time over all-in-memory SOAP's, repeat by repeat (median)."""
+
+
+def figures(runs: dict[str, list[dict]]) -> Figures:
     rss = {m: med(r["peak_rss_bytes"] for r in rs) for m, rs in runs.items()}
-    share = {m: rss[m] - rss["base"] for m in runs if m != "base"}
-    if share["memory"] <= 0:  # the state is lost in the RSS noise: no share to compare
-        raise RuntimeError(f"tiers: all-in-memory SOAP's peak RSS ({rss['memory']} B) is not "
-                           f"above the base process's ({rss['base']} B); the state "
-                           f"({state_bytes} B) is too small to measure: use more or larger "
-                           "layers")
-    step = {m: med(r["step_seconds"] for r in rs) for m, rs in runs.items()}
-    step_ratio = {m: med(t["step_seconds"] / b["step_seconds"]
-                         for t, b in zip(rs, runs["memory"], strict=True))
-                  for m, rs in runs.items() if m != "base"}
-    cuda = opts.device == "cuda"
-    result.config["state_bytes"] = state_bytes
-    columns = ["placement", "in memory (device / host MiB)", "on disk MiB", "peak RSS MiB",
-               "state share of RSS MiB", "share / all in memory", "step s (median)",
-               "step / all in memory", "prefetch hit ratio"]
-    if cuda:
-        columns.insert(4, "device peak MiB")
-    t = result.table(f"Peak memory and step time per budget (SOAP state "
-                     f"{state_bytes / mib:.0f} MiB, {sizes.layers} layers "
-                     f"{sizes.rows}x{sizes.cols}; medians of {sizes.repeats} repeats)", columns,
-                     note="state share = the placement's peak RSS - the base process's "
-                          "(forward and backward only)")
-    for name, rs in runs.items():
-        first = rs[0]
-        tiers = first.get("tier_bytes") or {"device": state_bytes if name == "memory" else 0,
-                                            "host": 0, "disk": 0}
-        hit = med(r["prefetch_hit_ratio"] for r in rs) if first.get("tier_bytes") else None
-        row = [name, f"{tiers['device'] / mib:.0f} / {tiers['host'] / mib:.0f}",
-               round(tiers["disk"] / mib, 1), round(rss[name] / mib, 1),
-               round(share[name] / mib, 1) if name in share else None,
-               round(share[name] / share["memory"], 3) if name in share else None,
-               round(step[name], 4), round(step_ratio[name], 3) if name in step_ratio else None,
-               round(hit, 4) if hit is not None else None]
-        if cuda:
-            row.insert(4, round(med(r["device_peak_bytes"] for r in rs) / mib, 1))
-        t.add(*row)
-
-    # Disk bandwidth of the original tiered budget (25% in memory), against dd.
-    tiered = runs["tiered 25%"]
-    dd_read, dd_write = med(d["read_bytes_per_second"] for d in dds), \
-        med(d["write_bytes_per_second"] for d in dds)
-    bw = {
-        "read": {
-            "training": med(r["disk_read_bytes"] / r["disk_read_seconds"] for r in tiered),
-            "alone": med(r["isolated_read_bytes_per_second"] for r in tiered),
-            "same_dd": med(r["same_files_dd_read_bytes_per_second"] for r in tiered),
-            "same_ratio": med(r["isolated_read_bytes_per_second"]
-                              / r["same_files_dd_read_bytes_per_second"] for r in tiered),
-            "dd": dd_read},
-        "write": {
-            "training": med(r["disk_write_bytes"] / r["disk_write_seconds"] for r in tiered),
-            "alone": med(r["isolated_write_bytes_per_second"] for r in tiered),
-            "same_dd": med(r["same_files_dd_write_bytes_per_second"] for r in tiered),
-            "same_ratio": med(r["isolated_write_bytes_per_second"]
-                              / r["same_files_dd_write_bytes_per_second"] for r in tiered),
-            "dd": dd_write},
-    }
-    b = result.table(
-        "Disk tier bandwidth against dd (O_DIRECT, same disk, same run; budget 25%)",
-        ["direction", "dd MB/s", "tier during training MB/s", "/ dd", "tier alone MB/s",
-         "/ dd", "dd on the same files MB/s", "tier alone / dd, same files"],
-        note=f"dd file {sizes.dd_mib} MiB; O_DIRECT {tiered[0]['o_direct']}; during training "
-             "the prefetch reads and the write-backs overlap and share the disk")
-    for direction, v in bw.items():
-        b.add(direction, round(v["dd"] / 1e6, 1), round(v["training"] / 1e6, 1),
-              round(v["training"] / v["dd"], 3), round(v["alone"] / 1e6, 1),
-              round(v["alone"] / v["dd"], 3), round(v["same_dd"] / 1e6, 1),
-              round(v["same_ratio"], 3))
-
-    ratio = share["tiered 25%"] / share["memory"]
-    result.quote("state_rss_ratio", round(ratio, 3),
-                 "tiered SOAP (25% of its state in memory, the rest on disk) keeps "
-                 "{value:.2f}x of all-in-memory SOAP's optimizer-state RSS")
-    result.quote("step_time_ratio", round(step_ratio["tiered 25%"], 3),
-                 "at {value:.2f}x all-in-memory SOAP's step time")
-    result.quote("read_bandwidth_ratio", round(bw["read"]["same_ratio"], 3),
-                 "the disk tier reads at {value:.2f}x dd's bandwidth on the same files")
-    for name in share:
-        if name == "memory":
-            continue
-        result.findings.append(
-            f"With {name.split()[-1]} of the SOAP state in memory (device + host budgets, the rest "
-            f"on disk), the optimizer-state share of peak RSS is "
-            f"{share[name] / mib:.0f} MiB against {share['memory'] / mib:.0f} MiB all in memory "
-            f"({share[name] / share['memory']:.2f}x), at {step_ratio[name]:.2f}x the step time "
-            f"(median over {sizes.repeats} interleaved repeats).")
-    result.findings.append(
-        f"During training the disk tier read at {bw['read']['training'] / 1e6:.0f} MB/s and "
-        f"wrote at {bw['write']['training'] / 1e6:.0f} MB/s, {bw['read']['training'] / dd_read:.2f}"
-        f"x and {bw['write']['training'] / dd_write:.2f}x dd's "
-        f"{dd_read / 1e6:.0f} / {dd_write / 1e6:.0f} MB/s on the same disk; alone, on the very "
-        f"files dd then read and wrote, it reached {bw['read']['same_ratio']:.2f}x (read) and "
-        f"{bw['write']['same_ratio']:.2f}x (write) of dd.")
-    lo, hi = min(d["read_bytes_per_second"] for d in dds), max(d["read_bytes_per_second"]
-                                                               for d in dds)
-    if len(dds) > 1:
-        result.findings.append(
-            f"dd's own read of its {sizes.dd_mib} MiB file ranged {lo / 1e6:.0f} to "
-            f"{hi / 1e6:.0f} MB/s between repeats, hence the same-files comparison.")
-    plot(result, runs, rss, share, step, opts)
+    return Figures(
+        rss, {m: rss[m] - rss["base"] for m in runs if m != "base"},
+        {m: med(r["step_seconds"] for r in rs) for m, rs in runs.items()},
+        {m: med(t["step_seconds"] / b["step_seconds"] for t, b in zip(rs, runs["memory"],
+                                                                      strict=True))
+         for m, rs in runs.items() if m != "base"})
 
 
-def plot(result: SuiteResult, runs: dict, rss: dict, share: dict, step: dict,
-         opts: BenchOptions) -> None:
+def plot(result: SuiteResult, runs: dict, found: Figures, opts: BenchOptions) -> None:
     plt = pyplot()
+    rss, share, step = found.rss, found.share, found.step
 
     mib = 2**20
     names = [n for n in runs if n != "base"]

@@ -4,17 +4,15 @@ is one of the suite's longest tests, and xdist spreads files, not tests)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.bench.test_suites_small import check_common, finite_positive, load, options
+from tests.bench.test_suites_small import check_common, finite_positive, load, options, worded
 
 
 def test_autopilot_suite_runs_its_scenarios_beside_the_start_and_a_static_grid(tmp_path):
     opts = options(tmp_path, "autopilot")
-    result = load("autopilot").run(opts)
-    data = json.loads((opts.out_dir / "autopilot.json").read_text())
+    load("autopilot").run(opts)
+    data = worded(opts.out_dir, "autopilot")
     check_common(data, "autopilot", opts.out_dir)
     assert [sc["name"] for sc in data["runs"]] == [
         "a: refresh-bound", "b: CPU hog mid-run", "c: tier budget too tight",
@@ -37,4 +35,4 @@ def test_autopilot_suite_runs_its_scenarios_beside_the_start_and_a_static_grid(t
     assert ranks[0]["idle_s"]["sync_wait"] > 0  # rank 0 waits for the slowed rank 1
     assert sum(sc["met"] for sc in data["runs"]) == data["headline"]["autopilot_goals_met"][
         "value"]
-    assert any("the autopilot made" in f for f in result.findings)
+    assert any("the autopilot made" in f for f in data["findings"])

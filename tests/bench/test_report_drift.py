@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asteria_bench import report, results
+from asteria_bench import report
 from asteria_bench.results import SuiteResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ REPORT = Path("docs/benchmarks.md")
 
 @pytest.fixture(scope="module")
 def committed() -> dict:
-    found = results.load(ROOT / OUT)
+    found = report.load(ROOT / OUT)
     assert found, f"no suite results in {OUT}: run `asteria bench all`"
     return found
 
@@ -53,7 +53,7 @@ def test_the_generator_holds_no_figure_of_its_own(tmp_path):
     suite.quote("best", "S=x", "fastest {value}")
     suite.runs.append({"label": "native"})
     suite.save(tmp_path)
-    found = results.load(tmp_path)
+    found = report.load(tmp_path)
     for data in found.values():
         data["machine"] = {"device": "cpu", "cpu": "some cpu", "cores": "n", "torch": "t"}
         data["git"] = {"commit": "abc", "dirty": False}
@@ -73,13 +73,55 @@ def test_a_figure_changed_in_the_json_is_caught(tmp_path, committed):
     shutil.copytree(ROOT / OUT, out, ignore=shutil.ignore_patterns("*.png"))
     name, data = next((n, d) for n, d in committed.items() if d["headline"])
     key = next(iter(data["headline"]))
-    data = json.loads((out / f"{name}.json").read_text())
     value = data["headline"][key]["value"]
-    data["headline"][key]["value"] = [v * 3 + 1 if isinstance(v, (int, float)) else v
-                                      for v in value] if isinstance(value, list) else value * 3 + 1
-    (out / f"{name}.json").write_text(json.dumps(data))
-    changed = report.render_readme_section(results.load(out), OUT, REPORT)
-    assert changed != report.current_section((ROOT / "README.md").read_text())
+    changed = [v * 3 + 1 if isinstance(v, (int, float)) else v
+               for v in value] if isinstance(value, list) else value * 3 + 1
+    raw = json.loads((out / f"{name}.json").read_text())
+    if raw["headline"]:  # saved with its words: the figure is the saved one
+        raw["headline"][key]["value"] = changed
+    else:  # worded by the report: change the figures it is worded from
+        raw["runs"] = _scaled(raw["runs"])
+    (out / f"{name}.json").write_text(json.dumps(raw))
+    section = report.render_readme_section(report.load(out), OUT, REPORT)
+    assert section != report.current_section((ROOT / "README.md").read_text())
+
+
+def _scaled(value):
+    """Every float in `value` times 3 plus 1 (labels, counts and keys as they were)."""
+    if isinstance(value, float):
+        return value * 3 + 1
+    if isinstance(value, list):
+        return [_scaled(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _scaled(v) for k, v in value.items()}
+    return value
+
+
+def test_a_file_of_figures_is_worded_by_its_suites_module(tmp_path):
+    """A suite saves its figures; the report words them (tables, headline, findings) with the
+    suite's module in asteria_bench/reports, so the same figures read the same way whenever
+    the report is rendered."""
+    suite = SuiteResult("staleness", "Staleness", quick=True, command="asteria bench staleness",
+                        config={"steps": 30})
+    for label, train_s, wait, staleness in (("native SOAP (S = 0)", 10.0, 0.0, 0),
+                                            ("Asteria-SOAP S=1", 12.0, 3.0, 2),
+                                            ("Asteria-SOAP S=5", 8.0, 0.0, 5)):
+        suite.runs.append({"label": label, "params": 2e6, "final_val_loss": 2.0 + wait / 100,
+                           "train_s": train_s, "idle_s": {"refresh_wait": wait}, "spike": 1.5,
+                           "p99_ms": 90.0, "staleness_max": staleness})
+    suite.save(tmp_path)
+    assert json.loads((tmp_path / "staleness.json").read_text())["findings"] == []
+    data = report.load(tmp_path)["staleness"]
+    (table,) = data["tables"]
+    assert [row[0] for row in table["rows"]] == [r["label"] for r in suite.runs]
+    assert [row[3] for row in table["rows"]] == ["1.00", "1.20", "0.80"]
+    assert data["headline"]["staleness_best_wallclock"]["value"] == ["S=5", 0.8, 0.0]
+    assert data["findings"] == [
+        "Asteria-SOAP S=1: staleness reached 2, over its bound.",
+        "Bounds where the step waited for the refresh more than 5% of the run: S=1 (3.0 s): "
+        "the bound is shorter than a round takes on the worker, so training waits at it."]
+    assert "the fastest bound (S=5) trains in 0.80x native SOAP's wall-clock" in \
+        report.render_readme_section(report.load(tmp_path), Path("out"), Path("report.md"))
 
 
 def test_write_renders_tables_plots_findings_and_the_readme_section(tmp_path):

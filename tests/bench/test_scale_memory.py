@@ -10,19 +10,18 @@ with. The suite runs the match without root too: it is checked before the cap ne
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 from asteria_bench.suites import load, scale_memory
-from tests.bench.test_suites_small import check_common, finite_positive, options
+from tests.bench.test_suites_small import check_common, finite_positive, options, worded
 from tests.components import missing
 
 
 def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(tmp_path):
     opts = options(tmp_path, "scale-memory")
     load("scale-memory").run(opts)
-    data = json.loads((opts.out_dir / "scale-memory.json").read_text())
+    data = worded(opts.out_dir, "scale-memory")
 
     match = data["config"]["tiered_match"]
     threads = len(os.sched_getaffinity(0))

@@ -4,13 +4,12 @@ structure and for sane numbers (no timing thresholds)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 from asteria_bench import turns
 from asteria_bench.suites import SUITES, load, scale
-from tests.bench.test_suites_small import check_common, finite_positive, options
+from tests.bench.test_suites_small import check_common, finite_positive, options, worded
 
 TINY = (scale.Rung(n_layer=1, n_embd=16, n_head=2, seq=16, batch=2, turns=3),
         scale.Rung(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, turns=3))
@@ -26,7 +25,7 @@ def test_the_scale_suite_fits_every_figure_over_a_ladder_of_sizes(tmp_path, monk
     opts = options(tmp_path, "scale")
     load("scale").run(opts)
     assert os.sched_getaffinity(0) == affinity  # the device-host arrangement gave the CPUs back
-    data = json.loads((opts.out_dir / "scale.json").read_text())
+    data = worded(opts.out_dir, "scale")
     check_common(data, "scale", opts.out_dir)
     assert not (opts.out_dir / ".scale-runs").exists()  # the runs' folders are cleaned up
 

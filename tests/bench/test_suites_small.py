@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from asteria_bench import reports
 from asteria_bench.options import BenchOptions
 from asteria_bench.suites import distributed, load, network, serving, straggler, tiers
 from asteria_core.distributed.policy_sync import HEADER_BYTES
@@ -28,6 +29,14 @@ def options(tmp_path: Path, suite: str) -> BenchOptions:
 
 def finite_positive(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def worded(out_dir: Path, suite: str) -> dict:
+    """The suite's file as saved (its figures: a suite leaves the words to the report), worded
+    as the report words it."""
+    data = json.loads((out_dir / f"{suite}.json").read_text())
+    assert not (data["tables"] or data["headline"] or data["findings"]), suite
+    return reports.worded(data)
 
 
 def check_common(data: dict, suite: str, out_dir: Path) -> None:
@@ -62,7 +71,7 @@ def test_tiers_suite_measures_every_budget_against_the_floor_and_dd(tmp_path, mo
     monkeypatch.setattr(tiers, "DISK_DIR", str(tmp_path))
     opts = options(tmp_path, "tiers")
     result = load("tiers").run(opts)
-    data = json.loads((opts.out_dir / "tiers.json").read_text())
+    data = worded(opts.out_dir, "tiers")
     check_common(data, "tiers", opts.out_dir)
     assert data["config"]["layers"] == 12 and data["config"]["state_bytes"] == \
         result.config["state_bytes"]
@@ -97,7 +106,7 @@ def test_serving_suite_measures_telemetry_and_a_served_run_under_load(tmp_path, 
         server_args=TINY_MODEL, stops=2, stop_args=TINY_MODEL))
     opts = options(tmp_path, "serving")
     load("serving").run(opts)
-    data = json.loads((opts.out_dir / "serving.json").read_text())
+    data = worded(opts.out_dir, "serving")
     check_common(data, "serving", opts.out_dir)
     arms = {r["arm"]: r for r in data["runs"] if r["kind"] == "telemetry"}
     assert set(arms) == {"on", "off"}
@@ -129,7 +138,7 @@ def test_distributed_suite_runs_real_torchrun_jobs(tmp_path, monkeypatch):
         n_layer=1, n_embd=32, block_size=16))
     opts = options(tmp_path, "distributed")
     load("distributed").run(opts)
-    data = json.loads((opts.out_dir / "distributed.json").read_text())
+    data = worded(opts.out_dir, "distributed")
     check_common(data, "distributed", opts.out_dir)
     reference = data["config"]["distributed_shampoo"]
     chosen = distributed.configs(distributed.QUICK, with_reference=reference)
@@ -179,7 +188,7 @@ def test_network_suite_shapes_a_namespace_loopback_and_removes_it(tmp_path, monk
         block_size=16))
     opts = options(tmp_path, "network")
     load("network").run(opts)
-    data = json.loads((opts.out_dir / "network.json").read_text())
+    data = worded(opts.out_dir, "network")
     check_common(data, "network", opts.out_dir)
     assert [(r["rate"], r["label"]) for r in data["runs"]] == \
         [("100mbit", c[0]) for c in network.CONFIGS if c[3]]
@@ -197,7 +206,7 @@ def test_straggler_suite_slows_rank_1_with_and_without_rebalancing(tmp_path, mon
         steps=12, interval=3, repeats=1, n_layer=1, n_embd=32, block_size=16))
     opts = options(tmp_path, "straggler")
     load("straggler").run(opts)
-    data = json.loads((opts.out_dir / "straggler.json").read_text())
+    data = worded(opts.out_dir, "straggler")
     check_common(data, "straggler", opts.out_dir)
     assert [r["label"] for r in data["runs"]] == [c.label for c in straggler.QUICK_CONFIGS]
     base, fixed, moving = data["runs"]
