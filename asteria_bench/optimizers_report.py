@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asteria_bench import turns
+from asteria_bench.reports import fmt
 from asteria_bench.results import SuiteResult
 from asteria_bench.selection import (
     RACE,
@@ -50,10 +51,6 @@ refresh interval (steps to the target)."""
 PARTS = ("data", "forward", "backward", "optimizer", "boundary", "refresh_wait",
          "transfer_wait", "sync_wait", "data_wait", "other")
 """A step's parts as the step records split it (telemetry: phases, then causes of waiting)."""
-
-
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def _config(r: dict[str, Any]) -> str:
@@ -120,11 +117,11 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
     for r in main:
         got = r["to_target"] or {}
         table.add(r["label"], lr_text(r["lr"]), "yes" if r["tuned"] else "",
-                  f"{r['final_val_loss']:.4f}", _fmt(got.get("step"), ".0f"),
-                  _fmt(r["steps_ratio"], ".2f"), _fmt(got.get("wall_s"), ".1f"),
-                  _fmt(r["wall_ratio"], ".2f"), f"{r['wall_s']:.1f}",
-                  _fmt(got.get("energy_j"), ".0f"), _fmt(r["energy_to_target_ratio"], ".2f"),
-                  _fmt(r["energy_j"], ".0f"), _fmt(r["efficiency"], ".3f"))
+                  f"{r['final_val_loss']:.4f}", fmt(got.get("step"), ".0f"),
+                  fmt(r["steps_ratio"], ".2f"), fmt(got.get("wall_s"), ".1f"),
+                  fmt(r["wall_ratio"], ".2f"), f"{r['wall_s']:.1f}",
+                  fmt(got.get("energy_j"), ".0f"), fmt(r["energy_to_target_ratio"], ".2f"),
+                  fmt(r["energy_j"], ".0f"), fmt(r["efficiency"], ".3f"))
     families = list(dict.fromkeys(r["family"] for r in main))
     shown = [r for r in main if r["tuned"]]
     shown += [q for f in ("soap", "asteria_soap")
@@ -252,7 +249,7 @@ def report_intervals(result: SuiteResult, key: str, runs: list[dict[str, Any]],
             table.add(group[0]["label"], interval,
                       group[0]["policy"]["swap_delay"] if family == "asteria_soap" else 0,
                       lr_text(group[0]["lr"]), fig["seeds"], _cell(fig["final_val_loss"], ".4f"),
-                      _cell(fig["steps_to_target"], ".0f"), _fmt(vs, ".3f"),
+                      _cell(fig["steps_to_target"], ".0f"), fmt(vs, ".3f"),
                       _cell(fig["wall_s_to_target"], ".1f"),
                       _cell(fig["energy_j_to_target"], ".0f"),
                       _cell(fig["step_ms_median"], ".0f"), f"{wait:.1f}")
@@ -310,8 +307,8 @@ def report_race(result: SuiteResult, key: str, runs: list[dict[str, Any]], targe
             table.add(e["label"], arrangement, config, e["seeds"],
                       _cell(e["steps_to_target"], ".0f"), _cell(e["wall_s_to_target"], ".1f"),
                       _cell(e["energy_j_to_target"], ".0f"), _cell(e["step_ms_median"], ".0f"),
-                      _fmt(e["wall_vs_muon"], ".2f"), _fmt(e["wall_vs_native"], ".2f"),
-                      _fmt(e["energy_vs_muon"], ".2f"))
+                      fmt(e["wall_vs_muon"], ".2f"), fmt(e["wall_vs_native"], ".2f"),
+                      fmt(e["energy_vs_muon"], ".2f"))
         race_findings(result, key, arrangement, entries, runs, target)
 
 
@@ -332,7 +329,7 @@ def race_findings(result: SuiteResult, key: str, arrangement: str,
     result.findings.append(
         f"On the {key} corpus, {arrangement} arrangement: Asteria-SOAP's quickest configuration "
         f"(interval {ours['interval']}, lr {lr_text(ours['lr'])}, median of {ours['seeds']} seeds) "
-        f"reaches tuned AdamW's loss in {_fmt(wall, '.0f')} s of training: "
+        f"reaches tuned AdamW's loss in {fmt(wall, '.0f')} s of training: "
         f"{_goal(ours['wall_vs_muon'], GOALS['wall_vs_muon'])} tuned Muon's wall-clock and "
         f"{_goal(ours['wall_vs_native'], GOALS['wall_vs_native'])} native SOAP's quickest "
         f"(interval {native['interval']}); energy to the target "
@@ -346,7 +343,7 @@ def race_findings(result: SuiteResult, key: str, arrangement: str,
               if interval in native_by}
     if not ratios:
         return
-    said = [f"interval {interval}: {_fmt(vs, '.3f')}" for interval, vs in ratios.items()]
+    said = [f"interval {interval}: {fmt(vs, '.3f')}" for interval, vs in ratios.items()]
     worst = [v for v in ratios.values() if v is not None]
     goal = GOALS["steps_vs_native"]
     verdict = "" if not worst else (
@@ -473,13 +470,13 @@ def findings_corpus(result: SuiteResult, key: str, desc: str, runs: list[dict[st
         result.findings.append(
             f"On the {key} corpus, {r['label']} (lr {lr_text(r['lr'])}) reaches tuned AdamW's "
             f"final loss at step {got['step']:.0f}: {steps_ratio:.2f}x AdamW's steps ({fewer}), "
-            f"and {got['wall_s']:.0f} s of training: {_fmt(wall_ratio, '.2f')}x AdamW's wall-clock "
+            f"and {got['wall_s']:.0f} s of training: {fmt(wall_ratio, '.2f')}x AdamW's wall-clock "
             f"(median step {r['step_ms_median']:.0f} ms against AdamW's "
-            f"{adamw['step_ms_median']:.0f} ms), {_fmt(got['energy_j'], '.0f')} J: "
-            f"{_fmt(r['energy_to_target_ratio'], '.2f')}x AdamW's energy to the target; it ends "
+            f"{adamw['step_ms_median']:.0f} ms), {fmt(got['energy_j'], '.0f')} J: "
+            f"{fmt(r['energy_to_target_ratio'], '.2f')}x AdamW's energy to the target; it ends "
             f"at {r['final_val_loss']:.4f}, "
-            f"energy-normalised efficiency {_fmt(r['efficiency'], '.3f')} against AdamW's "
-            f"{_fmt(adamw['efficiency'], '.3f')} ({r['energy_label']}).")
+            f"energy-normalised efficiency {fmt(r['efficiency'], '.3f')} against AdamW's "
+            f"{fmt(adamw['efficiency'], '.3f')} ({r['energy_label']}).")
     grid_findings(result, key, runs, here)
     native, ours = best_of(runs, "soap", here), best_of(runs, "asteria_soap", here)
     if native and ours:

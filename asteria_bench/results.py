@@ -1,6 +1,6 @@
 """One output format for every suite: a JSON file per suite, written as the suite goes.
 
-A suite's file holds what the report needs and nothing it has to recompute:
+A suite's file holds what it measured and how:
     suite, title, description, schema, command, quick, complete (ran to its end), started,
     seconds,
     machine (cpu, cores, memory, python, torch and its threads, device), git (commit, dirty),
