@@ -59,8 +59,8 @@ def tiny_sizes() -> None:
     tiny = ["--model.n_embd", "32", "--model.n_head", "2", "--model.n_layer", "1",
             "--data.batch_size", "4", "--policy.refresh_interval", "10"]
     critical_path.CPU_MODEL = staleness.CPU_MODEL = tiny
-    critical_path.STEPS = {"quick": 30, "full": 30}
-    staleness.STEPS = {"quick": 30, "full": 30}
+    critical_path.STEPS = {"quick": 20, "full": 20}  # two refresh intervals, one timed
+    staleness.STEPS = {"quick": 20, "full": 20}
     staleness.BOUNDS = {"quick": (1, 5), "full": (1, 5)}
     tiers.QUICK = tiers.Sizes(layers=12, rows=1024, cols=256, block=32, batch=4, steps=2,
                               threads=1, refresh=2, repeats=1, dd_mib=8)

@@ -17,7 +17,7 @@ while it waits d steps for its swap, so one block's refresh work is in memory at
 for bit.
 
 Full: 20 x 2048 (1.0B parameters, byte vocabulary), 1 x 128 tokens, under a 16 GiB cap. Quick:
-3 x 768 under 880 MiB, in about two minutes.
+3 x 768 under 880 MiB for 6 steps, in about a minute.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Size:
 # runs), below what SOAP's state needs in memory (13.5 GB of state, 8 GB of parameters and
 # gradients, and its refresh work in flight).
 FULL = Size(20, 2048, 16, 128, 1, 1024, 10, cap_bytes=16 * GiB)
-QUICK = Size(3, 768, 12, 32, 2, 1024, 10, cap_bytes=880 * MiB)
+QUICK = Size(3, 768, 12, 32, 2, 1024, 6, cap_bytes=880 * MiB)
 """880 MiB: the tiered run peaks at about 715 MiB RSS; its first step swaps every block's first
 basis in and writes the whole state back at once, whose page cache the cgroup charges too (at
 800 MiB that burst was killed). All in memory still needs more than the cap."""

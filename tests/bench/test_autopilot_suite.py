@@ -9,9 +9,15 @@ import pytest
 from tests.bench.test_suites_small import check_common, finite_positive, load, options, worded
 
 
-def test_autopilot_suite_runs_its_scenarios_beside_the_start_and_a_static_grid(tmp_path):
+def test_autopilot_suite_runs_its_scenarios_beside_the_start_and_a_static_grid(tmp_path,
+                                                                               monkeypatch):
+    suite = load("autopilot")
+    # Smaller than --quick: two turns of a narrower model (scenario d's torchrun jobs as quick)
+    monkeypatch.setitem(suite.STEPS, "quick", 20)
+    monkeypatch.setitem(suite.MODEL, "quick", ["--model.n_embd", "64", "--model.n_head", "4",
+                                               "--model.n_layer", "2", "--data.batch_size", "4"])
     opts = options(tmp_path, "autopilot")
-    load("autopilot").run(opts)
+    suite.run(opts)
     data = worded(opts.out_dir, "autopilot")
     check_common(data, "autopilot", opts.out_dir)
     assert [sc["name"] for sc in data["runs"]] == [

@@ -1,7 +1,7 @@
 """`asteria bench scale-memory --quick`, end to end in a real cgroup v1 memory cgroup (root
-only): all-in-memory SOAP refused up front with the shortfall named, tiered SOAP trained 10 steps
-under the same cap, and tiered and in-memory losses equal bit for bit; the suite's JSON checked
-for its structure.
+only): all-in-memory SOAP refused up front with the shortfall named, tiered SOAP trained its
+steps (a refresh round staged in the disk tier's files among them) under the same cap, and
+tiered and in-memory losses equal bit for bit; the suite's JSON checked for its structure.
 
 The bit-for-bit match compares tiered with all-in-memory state and nothing else: MKL's products
 and eigendecompositions round differently with another thread count, so both children compute
@@ -49,7 +49,7 @@ def test_all_in_memory_is_refused_under_the_cap_and_tiered_trains_under_it(tmp_p
 
     tiered = row["tiered"]
     assert tiered["returncode"] == 0, tiered.get("stderr_tail")
-    assert row["trained_under_cap"] and tiered["steps"] == size.steps >= 10
+    assert row["trained_under_cap"] and tiered["steps"] == size.steps > 5  # step 6's round
     assert len(tiered["losses"]) == size.steps and all(map(math.isfinite, tiered["losses"]))
     # Both under the cap; RSS may exceed the cgroup's charge (shared library pages loaded,
     # and charged, before the child joined it).
