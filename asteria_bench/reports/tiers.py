@@ -46,24 +46,8 @@ def render(data: dict[str, Any], words: Words) -> None:
 
     # Disk bandwidth of the original tiered budget (25% in memory), against dd.
     tiered = runs["tiered 25%"]
-    dd_read, dd_write = med(d["read_bytes_per_second"] for d in dds), \
-        med(d["write_bytes_per_second"] for d in dds)
-    bw = {
-        "read": {
-            "training": med(r["disk_read_bytes"] / r["disk_read_seconds"] for r in tiered),
-            "alone": med(r["isolated_read_bytes_per_second"] for r in tiered),
-            "same_dd": med(r["same_files_dd_read_bytes_per_second"] for r in tiered),
-            "same_ratio": med(r["isolated_read_bytes_per_second"]
-                              / r["same_files_dd_read_bytes_per_second"] for r in tiered),
-            "dd": dd_read},
-        "write": {
-            "training": med(r["disk_write_bytes"] / r["disk_write_seconds"] for r in tiered),
-            "alone": med(r["isolated_write_bytes_per_second"] for r in tiered),
-            "same_dd": med(r["same_files_dd_write_bytes_per_second"] for r in tiered),
-            "same_ratio": med(r["isolated_write_bytes_per_second"]
-                              / r["same_files_dd_write_bytes_per_second"] for r in tiered),
-            "dd": dd_write},
-    }
+    bw = {direction: _bandwidth(tiered, dds, direction) for direction in ("read", "write")}
+    dd_read, dd_write = bw["read"]["dd"], bw["write"]["dd"]
     b = words.table(
         "Disk tier bandwidth against dd (O_DIRECT, same disk, same run; budget 25%)",
         ["direction", "dd MB/s", "tier during training MB/s", "/ dd", "tier alone MB/s",
@@ -106,3 +90,17 @@ def render(data: dict[str, Any], words: Words) -> None:
         words.findings.append(
             f"dd's own read of its {config['dd_mib']} MiB file ranged {lo / 1e6:.0f} to "
             f"{hi / 1e6:.0f} MB/s between repeats, hence the same-files comparison.")
+
+
+def _bandwidth(tiered: list[dict[str, Any]], dds: list[dict[str, Any]],
+               direction: str) -> dict[str, float]:
+    """The disk tier's bandwidth in one direction (bytes/s, medians over repeats): during
+    training, alone, dd's on the same files, the tier alone over that, and dd's own."""
+    return {
+        "training": med(r[f"disk_{direction}_bytes"] / r[f"disk_{direction}_seconds"]
+                        for r in tiered),
+        "alone": med(r[f"isolated_{direction}_bytes_per_second"] for r in tiered),
+        "same_dd": med(r[f"same_files_dd_{direction}_bytes_per_second"] for r in tiered),
+        "same_ratio": med(r[f"isolated_{direction}_bytes_per_second"]
+                          / r[f"same_files_dd_{direction}_bytes_per_second"] for r in tiered),
+        "dd": med(d[f"{direction}_bytes_per_second"] for d in dds)}
