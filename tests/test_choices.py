@@ -1,8 +1,9 @@
 """Choices are types, not strings, checked on the source.
 
 Every choice, command and status is a `StrEnum` (the policy's swap mode, worker kind, offload
-mode and queue order; tiers, phases, idle causes, energy sources; refresh methods, moment swaps,
-optimizer names, devices; run statuses and commands). Outside the module that defines an enum,
+mode and queue order; a data-parallel run's state and update dtype; tiers, phases, idle causes,
+energy sources; refresh methods, moment swaps, optimizer names, devices; run statuses and
+commands). Outside the module that defines an enum,
 code compares with its members, never with the string: a renamed value then fails where it is
 defined, not silently where it is compared. The check parses every .py file of the product
 packages and reports each `==`, `!=`, `in`, `not in` or `case` against a string literal that is

@@ -95,19 +95,20 @@ def data_parallel(distributed: bool | None) -> bool:
 
 
 def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy, reporter: Reporter,
-           state: str = "replicated", update_dtype: str = "exact") -> DataParallel:
+           state: str = DistributedState.REPLICATED,
+           update_dtype: str = UpdateDtype.EXACT) -> DataParallel:
     """This rank's part of the job (call on every rank, in the same order: it makes groups).
     `state` replicated: a second-order optimizer keeps factors only for the blocks this rank
     owns, bases travel; sharded: the state of the parameters this rank owns, updates travel in
     `update_dtype` (distributed/sharded.py). Both values come checked from RuntimeConfig."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     sharded = any(local_shard(p) is not p for p in params)
-    if sharded and state == "sharded":
+    if sharded and state == DistributedState.SHARDED:
         raise ValueError("distributed_state: got 'sharded', but the parameters are FSDP2 "
                          "shards, whose state is sharded already; allowed: replicated")
     rank, world = dist.get_rank(), dist.get_world_size()
     policy_sync = PolicySync(policy, rank, world, reporter)
-    if state == "sharded":
+    if state == DistributedState.SHARDED:
         sharded_state = ShardedState(optimizer, rank, world, update_dtype)
         owned = set(sharded_state.owned_indices())
         return DataParallel(world, policy_sync, None, _own_figures(optimizer, owned),

@@ -28,10 +28,27 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from asteria_core.compat import StrEnum
 from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.base import BlockPreconditioner
 
-UPDATE_DTYPES = {"exact": None, "bf16": torch.bfloat16}
+
+
+class DistributedState(StrEnum):
+    """How a data-parallel run's ranks keep the optimizer state."""
+
+    REPLICATED = "replicated"
+    SHARDED = "sharded"
+
+
+class UpdateDtype(StrEnum):
+    """What the sharded mode's updates travel as."""
+
+    EXACT = "exact"
+    BF16 = "bf16"
+
+
+UPDATE_DTYPES = {UpdateDtype.EXACT: None, UpdateDtype.BF16: torch.bfloat16}
 
 
 def device_backend(device: torch.device) -> str:
@@ -42,7 +59,6 @@ def device_backend(device: torch.device) -> str:
         raise ValueError(f"device: got {device}; the sharded mode's collectives run on "
                          f"{' | '.join(backends)}")
     return backends[device.type]
-DISTRIBUTED_STATES = ("replicated", "sharded")
 
 
 def state_cost(optimizer: torch.optim.Optimizer, index: int, p: torch.Tensor) -> int:
@@ -78,7 +94,7 @@ class ShardedState:
     """One rank's part of the sharded mode (create it on every rank, in the same order)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, rank: int, world: int,
-                 update_dtype: str = "exact") -> None:
+                 update_dtype: str = UpdateDtype.EXACT) -> None:
         if update_dtype not in UPDATE_DTYPES:
             raise ValueError(f"update_dtype: got {update_dtype!r}; allowed: "
                              f"{' | '.join(UPDATE_DTYPES)}")

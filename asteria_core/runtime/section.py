@@ -2,7 +2,7 @@
 under torchrun too; `POST /runs`) builds its `Runtime` with.
 
 Each option's kind, allowed values or bounds, default and help are written here once, from the
-values the code that uses them defines (`DISTRIBUTED_STATES`, `UPDATE_DTYPES`):
+values the code that uses them defines (`DistributedState`, `UpdateDtype`):
 `RuntimeConfig` (runtime/config.py), which a script builds itself or through
 `asteria.optimizer(...)`, takes its defaults and its check from these settings, so a script and
 a config file allow the same values.
@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
-from asteria_core.fields import Kind, setting, settings_of
+from asteria_core.distributed.sharded import DistributedState, UpdateDtype
+from asteria_core.fields import Kind, choice, setting, settings_of
 from asteria_core.validation import check_settings
 
 MAX_REBALANCE_ROUNDS = 10**6
@@ -27,16 +27,16 @@ class RuntimeSection:
 
     # Each option is the `RuntimeConfig` field of the same name (runtime/config.py).
 
-    distributed_state: str = setting(
-        "replicated", Kind.CHOICE, "Data-parallel runs: replicated (every rank keeps "
+    distributed_state: str = choice(
+        DistributedState.REPLICATED, "Data-parallel runs: replicated (every rank keeps "
         "every basis and moment, owners' new bases travel once per refresh: few bytes) | "
         "sharded (each rank keeps and updates only its own parameters' state, the updates "
         "travel every step: about 1/W of the state). Pick replicated when the state fits on "
-        "every rank. distributed/sharded.py.", choices=DISTRIBUTED_STATES)
-    update_dtype: str = setting(
-        "exact", Kind.CHOICE, "The sharded mode's updates travel as: exact "
+        "every rank. distributed/sharded.py.")
+    update_dtype: str = choice(
+        UpdateDtype.EXACT, "The sharded mode's updates travel as: exact "
         "(the parameters' own values) | bf16 (the change rounded to bfloat16, which every rank "
-        "applies alike: half float32's bytes).", choices=tuple(UPDATE_DTYPES))
+        "applies alike: half float32's bytes).")
     rebalance_rounds: int = setting(
         0, Kind.INT, "Replicated data-parallel runs: every this many refresh rounds the ranks "
         "share their refresh speed and block ownership moves off a rank that refreshes slowly "

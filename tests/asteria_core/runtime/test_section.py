@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asteria_core import cli
-from asteria_core.distributed.sharded import DISTRIBUTED_STATES, UPDATE_DTYPES
+from asteria_core.distributed.sharded import DistributedState, UpdateDtype
 from asteria_core.runtime import RuntimeConfig
 from asteria_core.runtime.section import SETTINGS, RuntimeSection
 from asteria_core.torchrun import Ranks
@@ -57,7 +57,7 @@ def test_a_bad_value_names_the_key_and_what_it_allows(args, message):
 def test_a_scripts_runtime_config_is_held_to_the_same_settings():
     assert [s.name for s in SETTINGS] == list(RuntimeSection().options())
     assert {s.name: s.choices for s in SETTINGS if s.choices} == {
-        "distributed_state": DISTRIBUTED_STATES, "update_dtype": tuple(UPDATE_DTYPES)}
+        "distributed_state": tuple(DistributedState), "update_dtype": tuple(UpdateDtype)}
     defaults = RuntimeConfig()
     assert all(getattr(defaults, s.name) == s.default for s in SETTINGS)
     for wrong, message in [({"update_dtype": "fp8"}, "update_dtype: got 'fp8'; allowed: "
