@@ -57,6 +57,8 @@ class Setting:
     also: tuple[float, ...] = ()
     """Numbers taken besides the range (e.g. -1 for "use the other setting")."""
     choices: tuple[str, ...] = ()
+    enum: type[StrEnum] | None = None
+    """A choice's enum: the field holds its member (`as_members`)."""
     min_length: int = 0
     max_length: int | None = None
     words: str = ""
@@ -142,9 +144,27 @@ def setting(default: Any, kind: Kind, help: str, **description: Any) -> Any:  # 
 
 
 def choice(default: StrEnum, help: str, **description: Any) -> Any:  # noqa: A002
-    """A field holding one of `default`'s enum's values (as its plain string)."""
-    return setting(default.value, Kind.CHOICE, help,
-                   choices=tuple(m.value for m in type(default)), **description)
+    """A field holding a member of `default`'s enum (given as the member or its value)."""
+    enum = type(default)
+    return setting(default, Kind.CHOICE, help, choices=tuple(m.value for m in enum), enum=enum,
+                   **description)
+
+
+def plain_dict(obj: Any) -> dict[str, Any]:
+    """`dataclasses.asdict(obj)` with every enum member as its plain value: what a checkpoint
+    (loaded without building objects), a TOML file or a JSON body holds."""
+    return dataclasses.asdict(obj, dict_factory=lambda pairs: {
+        k: v.value if isinstance(v, StrEnum) else v for k, v in pairs})
+
+
+def as_members(obj: Any) -> None:
+    """Each choice field of a validated `obj` as its enum's member: a config file, the command
+    line or a request gives the plain string, and the field's type says the member."""
+    for f in dataclasses.fields(obj):
+        enum = f.metadata[_KEY].enum
+        value = getattr(obj, f.name)
+        if enum is not None and not isinstance(value, enum):
+            object.__setattr__(obj, f.name, enum(value))  # frozen dataclasses too
 
 
 def settings_of(cls: type) -> tuple[Setting, ...]:

@@ -25,7 +25,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from asteria_core.compat import StrEnum
-from asteria_core.fields import AUTO, Kind, Setting, choice, problems, setting, settings_of
+from asteria_core.fields import (
+    AUTO,
+    Kind,
+    Setting,
+    as_members,
+    choice,
+    plain_dict,
+    problems,
+    setting,
+    settings_of,
+)
 from asteria_core.machine import MACHINE
 
 PLANNED_DUTY = 0.8
@@ -34,8 +44,8 @@ under it, the autopilot aims its changes at it, and "auto" fits the swap window 
 it (refresh/schedule.py)."""
 
 
-# The policy's choices. A Policy holds each as the plain string (so a policy travels in JSON,
-# checkpoints and HTTP as it is), always one of its enum's values; code compares with members.
+# The policy's choices. A Policy holds each as its enum's member (given as the member or its
+# value); `to_dict` gives the plain strings that JSON, checkpoints and HTTP carry.
 class SwapMode(StrEnum):
     DETERMINISTIC = "deterministic"  # swap a basis from step-t statistics at a fixed step <= t + d
     OPPORTUNISTIC = "opportunistic"  # swap as soon as ready, wait only at the bound
@@ -125,7 +135,7 @@ class Policy:
         "V <= min(d, refresh interval) whose lead d - V + 1 covers its busiest slot's work "
         f"on workers loaded as planned, a round in {PLANNED_DUTY:g} x min(d, interval) steps "
         "(many like blocks: a lead of 1 step).")
-    swap_mode: str = _choice(
+    swap_mode: SwapMode = _choice(
         SwapMode.DETERMINISTIC, "Swap mode",
         "deterministic (swap at a step fixed when the refresh falls due, by t + d) | "
         "opportunistic (swap as soon as ready, wait only at the bound).")
@@ -137,7 +147,7 @@ class Policy:
     worker_threads: int = _int(
         1, 1, MACHINE.max_threads, "Threads per worker",
         f"torch intra-op threads per refresh worker; at most the cores ({MACHINE.max_threads}).")
-    worker_kind: str = _choice(
+    worker_kind: WorkerKind = _choice(
         WorkerKind.THREAD, "Worker kind",
         "thread | process: where refreshes run (processes can be killed when one hangs).")
     worker_nice: int = _int(
@@ -150,7 +160,7 @@ class Policy:
         "computing them inline (a stopped or stuck worker process is killed and replaced). A "
         "refresh a worker is still computing gets 4 x max(this, its expected time from the "
         "recent refresh rate), so a wide factor still computing is not taken for hung.")
-    priority: str = _choice(
+    priority: Priority = _choice(
         Priority.STALE_THEN_COST, "Refresh queue order",
         "stale_then_cost (most stale, then most expensive) | fifo.")
     pace: bool = _bool(
@@ -174,12 +184,13 @@ class Policy:
     disk_dir: str = _str(
         "", 4096, "Disk tier folder",
         "Folder of the disk tier; empty means a folder inside the run directory.")
-    offload_mode: str = _choice(
+    offload_mode: OffloadMode = _choice(
         OffloadMode.NONE, "Offload mode", "none | host | disk | auto (placement by budgets).")
 
     def __post_init__(self) -> None:
         for name, problem in problems(self):  # types, ranges and choices, from each setting
             raise PolicyError(name, problem)
+        as_members(self)
         # Valid now (above): "auto" or an integer.
         if isinstance(self.swap_delay, int) and self.swap_delay > self.staleness_bound:
             raise PolicyError("swap_delay", f"got {self.swap_delay}; allowed: at most "
@@ -201,7 +212,7 @@ class Policy:
         return self.swap_delay
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return plain_dict(self)
 
 
 def policy_fields(policy_cls: type[Policy] = Policy) -> tuple[Setting, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from asteria_core.fields import problems
+from asteria_core.fields import as_members, problems
 
 
 class ConfigError(ValueError):
@@ -50,3 +50,4 @@ def check_settings(section: object, name: str) -> None:
     bounds, choices, length); ConfigError naming the first that is not."""
     for key, problem in problems(section):
         raise ConfigError(f"{name}.{key}: {problem}")
+    as_members(section)

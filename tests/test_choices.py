@@ -13,7 +13,14 @@ some enum's value, as `path:line`.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import typing
 from pathlib import Path
+
+from asteria_core.distributed.sharded import DistributedState
+from asteria_core.optim.seam import RefreshMethod
+from asteria_core.policy import SwapMode
+from asteria_core.train.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("asteria", "asteria_core", "backend", "dashboard")
@@ -114,3 +121,48 @@ def test_every_policy_choice_is_an_enums_values():
     choices = {f.name: f.choices for f in policy_fields() if f.choices}
     assert choices == {"swap_mode": tuple(SwapMode), "worker_kind": tuple(WorkerKind),
                        "priority": tuple(Priority), "offload_mode": tuple(OffloadMode)}
+
+
+def _sections():
+    from asteria_core.policy import Policy
+
+    config = RunConfig()
+    return [Policy(), *(getattr(config, f.name) for f in dataclasses.fields(config))]
+
+
+def test_every_choice_field_is_annotated_with_its_enum_and_holds_its_member():
+    """A choice given as a plain string (a config file, the command line, a request) is held as
+    its enum's member, the type its field is annotated with (so a type checker sees it)."""
+    from asteria_core.fields import Kind, settings_of
+    from asteria_core.train.config_io import build_config, parse_overrides
+
+    found = 0
+    for section in _sections():
+        hints = typing.get_type_hints(type(section))
+        for s in settings_of(type(section)):
+            if s.kind != Kind.CHOICE or s.enum is None:
+                continue
+            found += 1
+            assert hints[s.name] is s.enum, f"{type(section).__name__}.{s.name}"
+            assert type(getattr(section, s.name)) is s.enum
+    assert found >= 14  # the policy's four, the runtime's two, the autopilot's two, ...
+    config = build_config(parse_overrides([("policy.swap_mode", "opportunistic"),
+                                           ("runtime.distributed_state", "sharded")]))
+    assert config.policy.swap_mode is SwapMode.OPPORTUNISTIC
+    assert config.runtime.distributed_state is DistributedState.SHARDED
+
+
+def test_a_config_of_members_checkpoints_as_plain_strings(tmp_path):
+    """A checkpoint holds plain data only (it loads without building objects): members are
+    written as their values, and read back into members."""
+    from asteria_core.train import checkpoint
+    from asteria_core.train.config_io import config_from_dict, config_to_dict
+
+    config = RunConfig()
+    state = {"format_version": checkpoint.FORMAT_VERSION, "config": config_to_dict(config),
+             "groups": [{"refresh": RefreshMethod.EIGH}]}
+    checkpoint.save_atomic(state, tmp_path / "c.pt")
+    loaded = checkpoint.load(tmp_path / "c.pt")
+    assert type(loaded["groups"][0]["refresh"]) is str
+    assert loaded["groups"][0]["refresh"] == "eigh"
+    assert config_from_dict(loaded["config"]) == config

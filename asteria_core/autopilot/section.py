@@ -57,10 +57,10 @@ def _parse(name: str, text: str) -> tuple[int, int] | list[str]:
 class AutopilotSection:
     """The autopilot a run starts with (asteria_core/autopilot; second-order optimizers)."""
 
-    mode: str = choice(Mode.OFF, "off: decides nothing; propose: each decision waits for the "
+    mode: Mode = choice(Mode.OFF, "off: decides nothing; propose: each decision waits for the "
                        "operator (dashboard Policy page, or the API); apply: decisions become "
                        "policy changes at the next step boundary.")
-    objective: str = choice(Objective.TIME, "time: wall-clock to a loss; energy: energy per "
+    objective: Objective = choice(Objective.TIME, "time: wall-clock to a loss; energy: energy per "
                             "token (no more workers than the work needs).")
     freshen: bool = setting(_DEFAULTS.freshen, Kind.BOOL, "Spend spare refresh capacity on "
                             "fresher bases (an earlier swap, a shorter interval).")

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from asteria_core.distributed.exchange import VersionExchange
 from asteria_core.distributed.policy_sync import PolicySync
 from asteria_core.distributed.rebalance import Rebalancer
-from asteria_core.distributed.sharded import ShardedState
+from asteria_core.distributed.sharded import DistributedState, ShardedState, UpdateDtype
 from asteria_core.distributed.topology import Topology, assign_owners
 from asteria_core.optim.base import BlockPreconditioner, local_shard
 from asteria_core.policy import LivePolicy, Policy, PolicyError, SwapMode
@@ -95,8 +95,8 @@ def data_parallel(distributed: bool | None) -> bool:
 
 
 def attach(optimizer: torch.optim.Optimizer, policy: LivePolicy, reporter: Reporter,
-           state: str = DistributedState.REPLICATED,
-           update_dtype: str = UpdateDtype.EXACT) -> DataParallel:
+           state: DistributedState = DistributedState.REPLICATED,
+           update_dtype: UpdateDtype = UpdateDtype.EXACT) -> DataParallel:
     """This rank's part of the job (call on every rank, in the same order: it makes groups).
     `state` replicated: a second-order optimizer keeps factors only for the blocks this rank
     owns, bases travel; sharded: the state of the parameters this rank owns, updates travel in

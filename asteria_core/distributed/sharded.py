@@ -33,7 +33,6 @@ from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.base import BlockPreconditioner
 
 
-
 class DistributedState(StrEnum):
     """How a data-parallel run's ranks keep the optimizer state."""
 
@@ -94,7 +93,7 @@ class ShardedState:
     """One rank's part of the sharded mode (create it on every rank, in the same order)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, rank: int, world: int,
-                 update_dtype: str = UpdateDtype.EXACT) -> None:
+                 update_dtype: UpdateDtype = UpdateDtype.EXACT) -> None:
         if update_dtype not in UPDATE_DTYPES:
             raise ValueError(f"update_dtype: got {update_dtype!r}; allowed: "
                              f"{' | '.join(UPDATE_DTYPES)}")

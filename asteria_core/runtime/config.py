@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asteria_core.autopilot import AutopilotConfig
+from asteria_core.distributed.sharded import DistributedState, UpdateDtype
 from asteria_core.optim.seam import FactorSnapshot, RefreshConfig, RefreshResult
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
@@ -42,9 +43,9 @@ class RuntimeConfig:
     None decides by whether torch.distributed is initialized with more than one rank."""
     # The runtime's options a run config sets too (its [runtime] section): each one's allowed
     # values, bounds, default and meaning are RuntimeSection's (runtime/section.py).
-    distributed_state: str = DEFAULTS.distributed_state
+    distributed_state: DistributedState = DEFAULTS.distributed_state
     """How a data-parallel run's ranks keep the optimizer state (replicated by default)."""
-    update_dtype: str = DEFAULTS.update_dtype
+    update_dtype: UpdateDtype = DEFAULTS.update_dtype
     """What the sharded mode's updates travel as (the parameters' exact values by default)."""
     rebalance_rounds: int = DEFAULTS.rebalance_rounds
     """Replicated data-parallel runs: block owners move off a slow rank every this many refresh

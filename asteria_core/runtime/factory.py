@@ -21,7 +21,7 @@ from asteria_core.optim.seam import refresh_fn as default_refresh_fn
 from asteria_core.policy import LivePolicy, Policy
 from asteria_core.runtime.config import RefreshFn, RuntimeConfig
 from asteria_core.runtime.runtime import Runtime
-from asteria_core.runtime.section import DEFAULTS
+from asteria_core.runtime.section import DEFAULTS, option
 from asteria_core.telemetry.config import TelemetryConfig
 from asteria_core.telemetry.reporter import RunReporter
 
@@ -87,7 +87,8 @@ def optimizer(model: torch.nn.Module | Iterable, name: str = "soap", *, lr: floa
             config=RuntimeConfig(policy=live, telemetry=telemetry, reporter=reporter,
                                  run_id=run_id, run_dir=run_dir, records=records,
                                  optimizer_name=name, coherence_threshold=coherence_threshold,
-                                 distributed_state=distributed_state,
-                                 update_dtype=update_dtype,
+                                 distributed_state=option("distributed_state",
+                                                          distributed_state),
+                                 update_dtype=option("update_dtype", update_dtype),
                                  rebalance_rounds=rebalance_rounds, refresh_fn=refresh_fn))
     return opt

@@ -27,13 +27,13 @@ class RuntimeSection:
 
     # Each option is the `RuntimeConfig` field of the same name (runtime/config.py).
 
-    distributed_state: str = choice(
+    distributed_state: DistributedState = choice(
         DistributedState.REPLICATED, "Data-parallel runs: replicated (every rank keeps "
         "every basis and moment, owners' new bases travel once per refresh: few bytes) | "
         "sharded (each rank keeps and updates only its own parameters' state, the updates "
         "travel every step: about 1/W of the state). Pick replicated when the state fits on "
         "every rank. distributed/sharded.py.")
-    update_dtype: str = choice(
+    update_dtype: UpdateDtype = choice(
         UpdateDtype.EXACT, "The sharded mode's updates travel as: exact "
         "(the parameters' own values) | bf16 (the change rounded to bfloat16, which every rank "
         "applies alike: half float32's bytes).")
@@ -60,11 +60,19 @@ DEFAULTS = RuntimeSection()
 """The options' defaults, for the signatures that take them one by one."""
 
 
+def option(name: str, value: Any) -> Any:
+    """`value` for the section's option `name`, checked (ValueError naming it), a choice as its
+    enum's member: what a script passes as a plain string, the runtime holds as the member."""
+    found = next(s for s in SETTINGS if s.name == name)
+    problem = found.problem(value)
+    if problem is not None:
+        raise ValueError(f"{name}: {problem}")
+    return found.enum(value) if found.enum is not None else value
+
+
 def check_options(options: object) -> None:
     """`options`' fields named as the section's within its settings (`RuntimeConfig`'s own
     check); ValueError naming the first that is not: "update_dtype: got 'fp8'; allowed: exact
-    | bf16"."""
-    for s in SETTINGS:
-        problem = s.problem(getattr(options, s.name))
-        if problem is not None:
-            raise ValueError(f"{s.name}: {problem}")
+    | bf16". The choices then hold their enums' members."""
+    for s in SETTINGS:  # RuntimeConfig is frozen
+        object.__setattr__(options, s.name, option(s.name, getattr(options, s.name)))

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asteria_core.compat import StrEnum
 from asteria_core.tiers.disk import LOADED, release_loaded, release_pages
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ def save_atomic(obj: dict[str, Any], path: Path, *, keep_previous: bool = False)
     leaves the page cache. `keep_previous`: the file `path` held until now stays, as
     `previous_path(path)` (a hard link made before the rename: at every instant both names
     hold a whole checkpoint)."""
+    obj = plain(obj)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -315,6 +317,18 @@ def restore_module(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> N
     for name, t in state.items():
         module.load_state_dict({name: t}, strict=False)
         release_loaded(t)
+
+
+def plain(obj):
+    """`obj` with every enum member (a choice an optimizer's param groups or a config hold) as
+    its plain string: a checkpoint loads without building objects (`load`)."""
+    if isinstance(obj, StrEnum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(plain(v) for v in obj)
+    return obj
 
 
 def tensors(obj):

@@ -20,8 +20,8 @@ from asteria_core.compat import StrEnum
 from asteria_core.fields import Kind, choice, setting
 from asteria_core.machine import MACHINE
 from asteria_core.optim.muon import MuonScale
-from asteria_core.optim.registry import OPTIMIZERS, spec_of
-from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap
+from asteria_core.optim.registry import OptimizerName, spec_of
+from asteria_core.optim.seam import BASIS_REFRESHES, MomentSwap, RefreshMethod
 from asteria_core.policy import OffloadMode, Policy
 from asteria_core.runtime.section import RuntimeSection
 from asteria_core.telemetry.config import TelemetryConfig
@@ -88,7 +88,7 @@ class ModelConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule. Second-order fields are ignored by AdamW and Muon."""
 
-    name: str = setting("adamw", Kind.CHOICE, "The optimizer.", choices=OPTIMIZERS)
+    name: OptimizerName = choice(OptimizerName.ADAMW, "The optimizer.")
     lr: float = setting(3e-3, Kind.FLOAT, "Peak learning rate.", minimum=0.0, maximum=10.0,
                         lo_open=True)
     betas: tuple[float, float] = setting((0.9, 0.95), Kind.FLOAT_PAIR,
@@ -117,13 +117,14 @@ class OptimConfig:
     precond_block_size: int = setting(
         1024, Kind.INT, "Largest factor side; larger dimensions are split into blocks of this "
         "size.", minimum=1, maximum=65536)
-    refresh_method: str = setting(
-        "power_qr", Kind.CHOICE, "SOAP/KL-Shampoo basis refresh: power_qr (the references: one "
-        "power step + QR) | eigh.", choices=tuple(m.value for m in BASIS_REFRESHES))
-    moment_swap: str = choice(
+    refresh_method: RefreshMethod = setting(
+        RefreshMethod.POWER_QR, Kind.CHOICE, "SOAP/KL-Shampoo basis refresh: power_qr (the "
+        "references: one power step + QR) | eigh.",
+        choices=tuple(m.value for m in BASIS_REFRESHES), enum=RefreshMethod)
+    moment_swap: MomentSwap = choice(
         MomentSwap.REFERENCE, "Second moment at a basis swap: reference (permute, as SOAP does) "
         "| transport.")
-    muon_scale: str = choice(
+    muon_scale: MuonScale = choice(
         MuonScale.ORIGINAL, "Muon only: its shape scaling: original (sqrt(max(1, rows/cols)), the "
         "reference's and torch's default) | match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW's "
         "lr carries over).")
@@ -193,7 +194,7 @@ class TrainConfig:
                                 minimum=1, maximum=MAX_STEPS)
     seed: int = setting(1337, Kind.INT, "Seeds torch, Python and the data order.", minimum=0,
                         maximum=2**32 - 1)  # numpy seeds are 32-bit
-    device: str = choice(Device.AUTO, "auto (CUDA when present) | cpu | cuda.")
+    device: Device = choice(Device.AUTO, "auto (CUDA when present) | cpu | cuda.")
     autocast_bf16: bool = setting(True, Kind.BOOL, "bf16 autocast on CUDA; ignored on CPU.")
     out_dir: str = setting(
         "runs", Kind.STR, "Folder for checkpoints and step records (a sub-folder per run).",

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from asteria_core.compat import tomllib
+from asteria_core.compat import StrEnum, tomllib
+from asteria_core.fields import plain_dict
 from asteria_core.policy import PolicyError
 from asteria_core.train.config import ConfigError, RunConfig
 
@@ -34,7 +35,14 @@ def _is_union(tp: Any) -> bool:
     return isinstance(tp, types.UnionType)
 
 
+def _plain(tp: Any) -> Any:
+    """A choice's enum is read as its plain string (the section checks it and holds the
+    member)."""
+    return str if isinstance(tp, type) and issubclass(tp, StrEnum) else tp
+
+
 def type_name(tp: Any) -> str:
+    tp = _plain(tp)
     if _is_union(tp):
         return " or ".join(type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is tuple:
@@ -45,6 +53,7 @@ def type_name(tp: Any) -> str:
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check a value read from a file (already typed by TOML/YAML) against a field type."""
     bad = ConfigError(f"{key}: got {value!r} ({type(value).__name__}); allowed: {type_name(tp)}")
+    tp = _plain(tp)
     if _is_union(tp):  # the first member type that takes the value
         for member in typing.get_args(tp):
             try:
@@ -79,6 +88,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 def _parse_text(key: str, text: str, tp: Any) -> Any:
     """Parse a command-line string into a field's type."""
+    tp = _plain(tp)
     if _is_union(tp):  # int | str: a number when it reads as one, else the text
         for member in typing.get_args(tp):
             try:
@@ -176,7 +186,7 @@ def build_config(*layers: dict[str, dict[str, Any]]) -> RunConfig:
 
 def config_to_dict(config: RunConfig) -> dict[str, dict[str, Any]]:
     """Plain nested dict (tuples as lists), as written into checkpoints and the run store."""
-    out = dataclasses.asdict(config)
+    out = plain_dict(config)
     for values in out.values():
         for key, value in values.items():
             if isinstance(value, tuple):
