@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice, StrEnum
 
 AUTO = "auto"
 _KEY = "setting"  # the metadata key a field's Setting lives under
 
 
-class Kind(StrEnum):
+class Kind(Choice):
     """What a setting holds."""
 
     INT = "int"

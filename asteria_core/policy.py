@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice, StrEnum
 from asteria_core.fields import (
     AUTO,
     Kind,
@@ -46,22 +46,22 @@ it (refresh/schedule.py)."""
 
 # The policy's choices. A Policy holds each as its enum's member (given as the member or its
 # value); `to_dict` gives the plain strings that JSON, checkpoints and HTTP carry.
-class SwapMode(StrEnum):
+class SwapMode(Choice):
     DETERMINISTIC = "deterministic"  # swap a basis from step-t statistics at a fixed step <= t + d
     OPPORTUNISTIC = "opportunistic"  # swap as soon as ready, wait only at the bound
 
 
-class Priority(StrEnum):
+class Priority(Choice):
     STALE_THEN_COST = "stale_then_cost"
     FIFO = "fifo"
 
 
-class WorkerKind(StrEnum):
+class WorkerKind(Choice):
     THREAD = "thread"
     PROCESS = "process"
 
 
-class OffloadMode(StrEnum):
+class OffloadMode(Choice):
     NONE = "none"
     HOST = "host"
     DISK = "disk"

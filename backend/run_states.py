@@ -4,10 +4,10 @@ in SQLite (each member is its value); code compares with the members."""
 
 from __future__ import annotations
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 
 
-class RunStatus(StrEnum):
+class RunStatus(Choice):
     RUNNING = "running"
     PAUSED = "paused"
     FINISHED = "finished"
@@ -16,7 +16,7 @@ class RunStatus(StrEnum):
     INTERRUPTED = "interrupted"  # the control plane went away while it trained
 
 
-class RunCommand(StrEnum):
+class RunCommand(Choice):
     PAUSE = "pause"
     RESUME = "resume"
     STOP = "stop"

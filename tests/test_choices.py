@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 
 from asteria_core.distributed.sharded import DistributedState
+from asteria_core.optim.registry import OptimizerName
 from asteria_core.optim.seam import RefreshMethod
 from asteria_core.policy import SwapMode
 from asteria_core.train.config import RunConfig
@@ -166,3 +167,19 @@ def test_a_config_of_members_checkpoints_as_plain_strings(tmp_path):
     assert type(loaded["groups"][0]["refresh"]) is str
     assert loaded["groups"][0]["refresh"] == "eigh"
     assert config_from_dict(loaded["config"]) == config
+
+
+
+def test_a_refusal_quotes_a_member_as_its_plain_string():
+    """Members flow into error messages through `!r`: they read as the string the user gave."""
+    import pytest
+
+    from asteria_core.train.config import ConfigError
+    from asteria_core.train.plan import run_shape
+
+    config = RunConfig()
+    assert config.optim.name is OptimizerName.ADAMW
+    with pytest.raises(ConfigError, match="optim.name: got 'adamw'; allowed: soap"):
+        run_shape(config)
+    assert repr(SwapMode.OPPORTUNISTIC) == "'opportunistic'"
+    assert [RefreshMethod.EIGH] == ["eigh"]

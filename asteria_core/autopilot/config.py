@@ -7,18 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 from asteria_core.fields import Kind, Setting
 from asteria_core.policy import FIELDS, MAX_STEPS, policy_fields
 
 
-class Mode(StrEnum):
+class Mode(Choice):
     OFF = "off"  # decides nothing
     PROPOSE = "propose"  # decisions wait for the operator to accept or dismiss them
     APPLY = "apply"  # decisions are policy changes at once, like any PATCH
 
 
-class Objective(StrEnum):
+class Objective(Choice):
     TIME = "time"  # wall-clock to a loss: keep refreshes off the critical path, fresh bases
     ENERGY = "energy"  # energy per token: the same, with no more workers than the work needs
 

@@ -28,19 +28,19 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 from asteria_core.distributed.process_group import release_group
 from asteria_core.optim.base import BlockPreconditioner
 
 
-class DistributedState(StrEnum):
+class DistributedState(Choice):
     """How a data-parallel run's ranks keep the optimizer state."""
 
     REPLICATED = "replicated"
     SHARDED = "sharded"
 
 
-class UpdateDtype(StrEnum):
+class UpdateDtype(Choice):
     """What the sharded mode's updates travel as."""
 
     EXACT = "exact"

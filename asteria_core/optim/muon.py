@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from torch.optim.adamw import adamw
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 """The reference's quintic Newton-Schulz coefficients (maximal slope at zero)."""
 
 
-class MuonScale(StrEnum):
+class MuonScale(Choice):
     """Muon's shape scaling (torch.optim.Muon's `adjust_lr_fn`)."""
 
     ORIGINAL = "original"  # sqrt(max(1, rows / cols)): the reference's, torch's default

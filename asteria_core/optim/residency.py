@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 import torch
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 
 
-class Writes(StrEnum):
+class Writes(Choice):
     """What one use of a parameter's state may have changed (Residency.release)."""
 
     STEP = "step"  # an update: the per-step state

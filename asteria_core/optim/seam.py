@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 from asteria_core.optim.matrix_functions import (
     eigh_descending,
     inverse_root,
@@ -30,7 +30,7 @@ from asteria_core.optim.matrix_functions import (
 )
 
 
-class RefreshMethod(StrEnum):
+class RefreshMethod(Choice):
     """How a block's new basis is computed."""
 
     EIGH = "eigh"
@@ -38,7 +38,7 @@ class RefreshMethod(StrEnum):
     INVERSE_ROOT = "inverse_root"  # Shampoo's (scale * F + eps I)^(-1/root)
 
 
-class MomentSwap(StrEnum):
+class MomentSwap(Choice):
     """What a basis swap does to the second-moment statistics."""
 
     REFERENCE = "reference"  # permute, as SOAP does

@@ -6,10 +6,10 @@ compares with the members.
 
 from __future__ import annotations
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 
 
-class Phase(StrEnum):
+class Phase(Choice):
     """Where a step's time goes on the training thread."""
 
     DATA = "data"
@@ -19,7 +19,7 @@ class Phase(StrEnum):
     BOUNDARY = "boundary"  # the runtime's step boundary: swaps, snapshots, policy, records
 
 
-class IdleCause(StrEnum):
+class IdleCause(Choice):
     """Why the training thread waited. A part reports the first four (WAIT_CAUSES); OTHER, the
     unexplained rest of a step, is derived, never reported."""
 
@@ -30,7 +30,7 @@ class IdleCause(StrEnum):
     OTHER = "other"
 
 
-class Tier(StrEnum):
+class Tier(Choice):
     """Where a piece of optimizer state lives."""
 
     DEVICE = "device"
@@ -38,7 +38,7 @@ class Tier(StrEnum):
     DISK = "disk"
 
 
-class StateKind(StrEnum):
+class StateKind(Choice):
     """What a piece of optimizer state is (telemetry/state_bytes.py sorts the state into these)."""
 
     MOMENTS = "moments"  # Adam's first and second moments, in whatever basis
@@ -47,13 +47,13 @@ class StateKind(StrEnum):
     OTHER = "other"  # everything else: step counts, eigenvalues, grafting, momentum
 
 
-class EnergySource(StrEnum):
+class EnergySource(Choice):
     NVML = "nvml"  # measured: the GPU's own counter
     RAPL = "rapl"  # measured: the CPU package's counter
     MODEL = "model"  # an estimate: CPU seconds x watts
 
 
-class EnergyPart(StrEnum):
+class EnergyPart(Choice):
     """Which side of the machine a source meters: a comparison between runs sums both."""
 
     DEVICE = "device"  # the run's own GPU (nvml)

@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 from asteria_core.telemetry.energy import Reading
 
 log = logging.getLogger(__name__)
 
-class NvmlQuery(StrEnum):
+class NvmlQuery(Choice):
     """What the meter reads from a device; a device that answers none of one is not asked
     again."""
 
