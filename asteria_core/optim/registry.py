@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 from asteria_core.optim.kl_shampoo import KLShampoo
 from asteria_core.optim.muon import Muon, hidden_matrices
 from asteria_core.optim.shampoo import Shampoo
 from asteria_core.optim.soap import SOAP
 
 
-class OptimizerName(StrEnum):
+class OptimizerName(Choice):
     ADAMW = "adamw"  # the first-order baseline (torch's)
     SOAP = "soap"
     SHAMPOO = "shampoo"
@@ -33,7 +33,10 @@ SHAPE_OPTIONS = ("max_precond_dim", "block_size")
 """How a second-order optimizer cuts a parameter into preconditioner blocks."""
 BASIS_OPTIONS = ("shampoo_beta", "refresh", "moment_swap")
 """How an eigenbasis optimizer (SOAP, KL-Shampoo) keeps and refreshes its basis."""
-SECOND_ORDER_OPTIONS = (*SHAPE_OPTIONS, *BASIS_OPTIONS, "refresh_dtype", "normalize_grads")
+SOAP_OPTIONS = ("pack_factors",)
+"""SOAP's own: each factor block kept as its upper triangle."""
+SECOND_ORDER_OPTIONS = (*SHAPE_OPTIONS, *BASIS_OPTIONS, *SOAP_OPTIONS, "refresh_dtype",
+                        "normalize_grads")
 """Every option some second-order constructor takes (none of them is AdamW's)."""
 MUON_OPTIONS = ("adjust_lr_fn", "adamw_lr")
 """What the trainer's `optim` section sets for Muon: its shape scaling, the AdamW part's lr."""
@@ -92,7 +95,8 @@ def _eigenbasis(cls: Callable[..., torch.optim.Optimizer]) -> Build:
 
 REGISTRY: dict[OptimizerName, OptimizerSpec] = {spec.name: spec for spec in (
     OptimizerSpec(OptimizerName.ADAMW, False, (), _adamw),
-    OptimizerSpec(OptimizerName.SOAP, True, SHAPE_OPTIONS + BASIS_OPTIONS, _eigenbasis(SOAP)),
+    OptimizerSpec(OptimizerName.SOAP, True, SHAPE_OPTIONS + BASIS_OPTIONS + SOAP_OPTIONS,
+                  _eigenbasis(SOAP)),
     OptimizerSpec(OptimizerName.SHAMPOO, True, SHAPE_OPTIONS, _shampoo),
     OptimizerSpec(OptimizerName.KL_SHAMPOO, True, SHAPE_OPTIONS + BASIS_OPTIONS,
                   _eigenbasis(KLShampoo)),

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from asteria_core.compat import StrEnum
 from asteria_core.tiers.disk import LOADED, release_loaded, release_pages
@@ -316,7 +317,7 @@ def restore_module(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> N
         module.load_state_dict(state)
     for name, t in state.items():
         module.load_state_dict({name: t}, strict=False)
-        release_loaded(t)
+        release_loaded(t.to_local() if isinstance(t, DTensor) else t)  # an FSDP2 shard
 
 
 def plain(obj):
@@ -332,7 +333,10 @@ def plain(obj):
 
 
 def tensors(obj):
-    if isinstance(obj, torch.Tensor):
+    """Every tensor `obj` holds; of an FSDP2 shard (a DTensor) this rank's part only."""
+    if isinstance(obj, DTensor):
+        yield obj.to_local()
+    elif isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, dict):
         for v in obj.values():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from asteria_core.autopilot.config import Mode
 from asteria_core.autopilot.section import AutopilotSection
-from asteria_core.compat import StrEnum
+from asteria_core.compat import Choice
 from asteria_core.fields import Kind, choice, setting
 from asteria_core.machine import MACHINE
 from asteria_core.optim.muon import MuonScale
@@ -128,6 +128,9 @@ class OptimConfig:
         MuonScale.ORIGINAL, "Muon only: its shape scaling: original (sqrt(max(1, rows/cols)), the "
         "reference's and torch's default) | match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW's "
         "lr carries over).")
+    pack_factors: bool = setting(
+        False, Kind.BOOL, "SOAP only: keep each factor block's upper triangle only, b (b + 1) / 2 "
+        "values (about half the factor memory, as Distributed Shampoo keeps them).")
     adamw_lr: float = setting(
         -1.0, Kind.FLOAT, "Muon only: peak lr of what AdamW steps (embeddings, head, gains, "
         "biases); -1 means optim.lr.", minimum=0.0, maximum=10.0, lo_open=True, also=(-1.0,),
@@ -167,12 +170,19 @@ class DataConfig:
                               f"({MACHINE.describe()})")
 
 
-class Device(StrEnum):
+class Device(Choice):
     """train.device."""
 
     AUTO = "auto"  # CUDA where there is one, else the CPU
     CPU = "cpu"
     CUDA = "cuda"
+
+
+class DataParallelKind(Choice):
+    """train.data_parallel: how a torchrun job's ranks hold the model."""
+
+    DDP = "ddp"  # DistributedDataParallel: every rank a whole replica, gradients all-reduced
+    FSDP2 = "fsdp2"  # torch's fully_shard: each rank holds a dim-0 shard of every parameter
 
 
 RESUME_AUTO = "auto"
@@ -215,6 +225,16 @@ class TrainConfig:
         "it starts later (intra-op pool, refresh workers) inherit them. Empty lets the OS "
         "schedule it anywhere. Pinning keeps the control plane's threads off the training "
         "cores. Linux only.", max_length=CPU_LIST_CHARS, words=CPU_LIST_RULE)
+    data_parallel: DataParallelKind = choice(
+        DataParallelKind.DDP, "Data-parallel runs (torchrun): ddp (DistributedDataParallel: "
+        "every rank holds the whole model) | fsdp2 (torch's fully_shard, each transformer block "
+        "a unit: each rank holds and preconditions a dim-0 shard of every parameter; "
+        "runtime.distributed_state replicated).")
+    split_cpus: bool = setting(
+        False, Kind.BOOL, "Data-parallel runs: each rank of a node trains, and refreshes, on "
+        "its own equal share of the CPUs the job may use (rank r on the r-th share; one CPU "
+        "each where there are fewer CPUs than ranks), so its ranks do not contend for cores. "
+        "Linux only.")
     worker_cpus: str = setting(
         "", Kind.STR, "CPUs the refresh workers run on (threads, processes and their helper "
         'threads), as a Linux CPU list ("2-7"): on a GPU host, the cores that do not feed the '
@@ -228,6 +248,9 @@ class TrainConfig:
                 check(sys.platform.startswith("linux"), f"train.{key}", getattr(self, key),
                       "empty on this platform (pinning needs Linux)")
                 parse_cpu_list(f"train.{key}", getattr(self, key))
+        if self.split_cpus:
+            check(sys.platform.startswith("linux"), "train.split_cpus", True,
+                  "false on this platform (pinning needs Linux)")
         if self.resume and self.resume != RESUME_AUTO and \
                 not Path(self.resume).expanduser().is_file():
             raise ConfigError(f"train.resume: checkpoint {self.resume!r} does not exist; "

@@ -16,7 +16,7 @@ def optimizer_from_config(config: OptimConfig, model: torch.nn.Module,
     settings = {"max_precond_dim": config.max_precond_dim,
                 "block_size": config.precond_block_size, "shampoo_beta": config.shampoo_beta,
                 "refresh": config.refresh_method, "moment_swap": config.moment_swap,
-                "adjust_lr_fn": config.muon_scale,
+                "adjust_lr_fn": config.muon_scale, "pack_factors": config.pack_factors,
                 "adamw_lr": None if config.adamw_lr < 0 else config.adamw_lr}
     spec = spec_of(config.name)
     options = {key: settings[key] for key in spec.config_options}

@@ -25,15 +25,17 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from asteria_core.distributed import init_process_group
 from asteria_core.distributed.process_group import release_group
+from asteria_core.distributed.sharded import DistributedState
 from asteria_core.optim.registry import spec_of
 from asteria_core.policy import SwapMode
 from asteria_core.runtime.section import DEFAULTS
 from asteria_core.torchrun import Ranks
 from asteria_core.train.checkpoint import CHECKPOINT_NAME
-from asteria_core.train.config import RunConfig
+from asteria_core.train.config import DataParallelKind, RunConfig
 from asteria_core.validation import ConfigError
 
 T = TypeVar("T")
@@ -66,7 +68,49 @@ def check(config: RunConfig, ranks: Ranks) -> None:
         if value and ranks.local_world > 1:
             raise ConfigError(f"train.{key}: got {value!r}; allowed: empty in a run of "
                               f"{ranks.local_world} ranks per node (every rank would be pinned "
-                              "to the same CPUs)")
+                              "to the same CPUs; train.split_cpus gives each its own)")
+    if config.train.data_parallel == DataParallelKind.FSDP2 and \
+            config.runtime.distributed_state != DistributedState.REPLICATED:
+        raise ConfigError(f"runtime.distributed_state: got {config.runtime.distributed_state!r} "
+                          "with train.data_parallel fsdp2; allowed: replicated (FSDP2's "
+                          "parameters are shards already, and so is their state)")
+
+
+def rank_cpus(cpus: list[int], ranks: Ranks) -> set[int]:
+    """This rank's equal share of a node's `cpus` (train.split_cpus): rank r of the node takes
+    the r-th share; one CPU each, in turn, where there are fewer CPUs than ranks."""
+    share = len(cpus) // ranks.local_world
+    if share == 0:
+        return {cpus[ranks.local_rank % len(cpus)]}
+    return set(cpus[ranks.local_rank * share:(ranks.local_rank + 1) * share])
+
+
+def wrap(model: torch.nn.Module, kind: DataParallelKind,
+         device: torch.device) -> torch.nn.Module:
+    """What a data-parallel step runs. DDP: a wrapper that broadcasts rank 0's parameters and
+    all-reduces gradients. FSDP2: `model` itself, sharded in place (each transformer block a
+    unit of its own, the rest, the tied embedding included, the root's), whose parameters
+    become this rank's shards: build the optimizer after it."""
+    if kind == DataParallelKind.FSDP2:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in getattr(model, "blocks", ()):
+            fully_shard(block)
+        fully_shard(model)  # shards in place; the module keeps its type (and gains FSDPModule)
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index]
+                                   if device.type == "cuda" else None)
+
+
+def eval_share(batches: list[T], ranks: Ranks, lockstep: bool) -> list[tuple[T, bool]]:
+    """This rank's validation batches, every world-th, each with whether it counts. Under FSDP2
+    every forward is a collective, so with `lockstep` each rank runs as many forwards as the
+    rank with the most (an extra one repeats its first batch and is not counted)."""
+    mine = [(b, True) for b in batches[ranks.rank::ranks.world]]
+    if not lockstep or not batches:
+        return mine
+    most = -(-len(batches) // ranks.world)
+    return mine + [(batches[0], False)] * (most - len(mine))
 
 
 def refuse_disk_dir(policy) -> None:

@@ -7,8 +7,9 @@ user's. `train_step()` marks the phases (data, forward, backward, optimizer) and
 step's figures; the boundary runs inside `optimizer.step()`.
 
 Launched by torchrun with more than one rank, the same trainer is one rank of a data-parallel
-run (`asteria_core/train/parallel.py`): DistributedDataParallel for the gradients, each rank's
-own batches, a checkpoint per rank at one step, rank 0 alone writing the step records.
+run (`asteria_core/train/parallel.py`): DistributedDataParallel for the gradients (or FSDP2's
+fully_shard, `train.data_parallel`), each rank's own batches, a checkpoint per rank at one step,
+rank 0 alone writing the step records.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from asteria_core.machine import memory_limit, memory_shortfall
 from asteria_core.optim.seam import refresh_fn as default_refresh_fn
@@ -38,7 +38,14 @@ from asteria_core.telemetry.reporter import RunReporter
 from asteria_core.train import checkpoint as ckpt
 from asteria_core.train import parallel
 from asteria_core.train import resume as resume_choice
-from asteria_core.train.config import RESUME_AUTO, ConfigError, Device, RunConfig, parse_cpu_list
+from asteria_core.train.config import (
+    RESUME_AUTO,
+    ConfigError,
+    DataParallelKind,
+    Device,
+    RunConfig,
+    parse_cpu_list,
+)
 from asteria_core.train.config_io import config_from_dict, config_to_dict
 from asteria_core.train.data import (
     BatchLoader,
@@ -143,6 +150,8 @@ class Trainer:
         self._lock_folder(self.rank_dir)
         if config.train.cpus:  # before any thread is started, so they inherit the CPUs
             os.sched_setaffinity(0, parse_cpu_list("train.cpus", config.train.cpus))
+        elif config.train.split_cpus and ranks.parallel:
+            os.sched_setaffinity(0, parallel.rank_cpus(sorted(os.sched_getaffinity(0)), ranks))
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
         seed_everything(config.train.seed)  # the same initial model on every rank
@@ -160,6 +169,9 @@ class Trainer:
         if resume is not None and ranks.main:
             _keep_records_until(records, int(resume["step"]))
         self.model = GPT(config.model).to(self.device)
+        sharded = ranks.parallel and config.train.data_parallel == DataParallelKind.FSDP2
+        if sharded:  # its parameters become this rank's shards: before the optimizer sees them
+            parallel.wrap(self.model, DataParallelKind.FSDP2, self.device)
         if ranks.rank > 0:  # dropout masks of its own
             torch.manual_seed(config.train.seed + ranks.rank)
         if policy is None and resume is not None and "policy" in resume:
@@ -194,11 +206,10 @@ class Trainer:
             self._restore(resume)
             self._saved_step = self.step
         self.net: torch.nn.Module = self.model
-        """What a training step runs: the model, or its DistributedDataParallel wrapper."""
-        if ranks.parallel:  # broadcasts rank 0's parameters: replicas start equal
-            self.net = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda"
-                else None)
+        """What a training step runs: the model (sharded in place under FSDP2), or its
+        DistributedDataParallel wrapper."""
+        if ranks.parallel and not sharded:  # broadcasts rank 0's parameters: replicas start equal
+            self.net = parallel.wrap(self.model, DataParallelKind.DDP, self.device)
 
     def _check_memory(self) -> None:
         """Refuse, before step 1, optimizer state planned for memory (with the refresh work in
@@ -327,10 +338,12 @@ class Trainer:
         ranks = self.ranks
         self.model.eval()
         losses = []
-        for x, y in self.eval_batches[ranks.rank::ranks.world]:
+        lockstep = self.config.train.data_parallel == DataParallelKind.FSDP2
+        for (x, y), counts in parallel.eval_share(self.eval_batches, ranks, lockstep):
             with self._autocast():
                 _, loss = self.model(x.to(self.device), y.to(self.device))
-            losses.append(loss.float())
+            if counts:
+                losses.append(loss.float())
         self.model.train()
         if ranks.parallel:
             total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)

@@ -276,6 +276,49 @@ def test_the_runtime_section_trains_the_ranks_sharded(tmp_path):
     assert {moved[i + 1] - moved[i] for i in range(steps - 1)} == {2 * params + HEADER_BYTES}
 
 
+def test_fsdp2_trains_shards_and_resumes_exactly(tmp_path):
+    """`--train.data_parallel fsdp2`: every rank holds half of each parameter (a dim-0 shard)
+    and the optimizer state of its shards, an odd number of validation batches is evaluated in
+    lockstep (every forward gathers the parameters), and a relaunch from the step-6 checkpoints
+    trains the same losses, step for step, as the run that went straight on."""
+    steps = 12
+    extra = ("--train.steps", str(steps), "--train.checkpoint_interval", "6",
+             "--train.eval_interval", "6", "--train.data_parallel", "fsdp2",
+             "--train.split_cpus", "true")
+    straight_out = tmp_path / "straight"
+    finish(launch("asteria_core.cli", straight_out, *extra))
+    folder = run_dir(straight_out)
+    shards = [ckpt.load(folder / ckpt.CHECKPOINT_NAME)["model"],
+              ckpt.load(folder / "rank1" / ckpt.CHECKPOINT_NAME)["model"]]
+    for name, whole in GPT(config_from_dict(ckpt.load(folder / ckpt.CHECKPOINT_NAME)["config"])
+                           .model).state_dict().items():
+        local = [s[name].to_local() for s in shards]
+        assert sum(t.shape[0] for t in local) == whole.shape[0], name
+    records = steps_of(folder)
+    assert [r["step"] for r in records if r["eval_loss"] is not None] == [6, 12]
+
+    resumed_out = tmp_path / "resumed"
+    shutil.copytree(straight_out, resumed_out)
+    for rank_folder in (run_dir(resumed_out), run_dir(resumed_out) / "rank1"):
+        os.replace(rank_folder / "checkpoint.prev.pt", rank_folder / ckpt.CHECKPOINT_NAME)
+    out, _ = finish(launch("asteria_core.cli", resumed_out, *extra, "--train.resume", "auto"))
+    assert "at step 6" in out
+    again = steps_of(run_dir(resumed_out))
+    assert [(r["step"], r["loss"], r["eval_loss"]) for r in again] == \
+        [(r["step"], r["loss"], r["eval_loss"]) for r in records]
+
+
+def test_a_node_s_cpus_are_split_evenly_among_its_ranks():
+    def split(cpus: int, world: int) -> list[set[int]]:
+        return [parallel.rank_cpus(list(range(cpus)), Ranks(r, world, r, world))
+                for r in range(world)]
+
+    assert split(2, 2) == [{0}, {1}]
+    assert split(8, 2) == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+    assert split(5, 2) == [{0, 1}, {2, 3}]
+    assert split(2, 4) == [{0}, {1}, {0}, {1}]
+
+
 def test_a_bad_combination_stops_every_rank_naming_the_key(tmp_path):
     proc = launch("asteria_core.cli", tmp_path, "--policy.swap_mode", "opportunistic")
     _, err = finish(proc, ok=False)
@@ -299,7 +342,10 @@ def test_checks_name_the_key_before_anything_is_built():
            "train.cpus": dataclasses.replace(
                config, train=dataclasses.replace(config.train, cpus="0")),
            "train.worker_cpus": dataclasses.replace(
-               config, train=dataclasses.replace(config.train, worker_cpus="0"))}
+               config, train=dataclasses.replace(config.train, worker_cpus="0")),
+           "runtime.distributed_state": dataclasses.replace(
+               config, train=dataclasses.replace(config.train, data_parallel="fsdp2"),
+               runtime=dataclasses.replace(config.runtime, distributed_state="sharded"))}
     for key, wrong in bad.items():
         with pytest.raises(ConfigError, match=f"^{key}: got .*; allowed: "):
             parallel.check(wrong, two)
