@@ -168,10 +168,14 @@ def _run_scenario(sc: Scenario, opts: BenchOptions, tmp: Path) -> dict[str, Any]
 
 RANKS = {"quick": Sizes(steps=20, interval=5, repeats=1),
          "full": Sizes(steps=160, interval=10, repeats=1, n_embd=256)}
-RANK_ARGS = ["--bound", "2", "--pin", "--slower-rank", "1", "--slower", str(SLOWER["d"])]
+RANK_ARGS = [*distributed.bound(2), "--train.split_cpus", "true", "--slower-rank", "1",
+             "--slower", str(SLOWER["d"])]
+RANK_AUTOPILOT = ["--autopilot.mode", "apply", "--autopilot.window", "20",
+                  "--autopilot.settle", "10", "--autopilot.spacing", "40"]
+"""Scenario d's autopilot: it applies its changes (default bounds; rank 0 decides)."""
 RANK_GRID = {"quick": [],
-             "full": [("interval 20", ["--interval", "20"]), ("S 4", ["--bound", "4"]),
-                      ("2 workers", ["--workers", "2"])]}
+             "full": [("interval 20", ["--policy.refresh_interval", "20"]),
+                      ("S 4", distributed.bound(4)), ("2 workers", ["--policy.workers", "2"])]}
 
 
 def _ranks_scenario(opts: BenchOptions) -> dict[str, Any]:
@@ -180,7 +184,7 @@ def _ranks_scenario(opts: BenchOptions) -> dict[str, Any]:
     if len(os.sched_getaffinity(0)) < 2:
         raise RuntimeError("scenario d needs 2 CPUs (one per rank)")
     start = f"default (interval {sizes.interval}, S 2, 1 worker)"
-    configs = [(start, []), (f"{AUTOPILOT} (from {start})", ["--autopilot"]),
+    configs = [(start, []), (f"{AUTOPILOT} (from {start})", RANK_AUTOPILOT),
                *[(f"static {label}", args) for label, args in opts.pick(RANK_GRID["quick"],
                                                                          RANK_GRID["full"])]]
     runs = []

@@ -59,7 +59,7 @@ HOW_TO_GET = (f"Distributed Shampoo is not importable: clone facebookresearch/op
 @dataclass(frozen=True)
 class Sizes:
     steps: int
-    eval_at: tuple[int, ...]  # also evaluate after these steps
+    eval_at: tuple[int, ...]  # also evaluate after these steps (every min(eval_at) steps)
     interval: int       # refresh interval; the first round is left out of per-step figures
     seeds: int
     worlds: tuple[int, ...]
@@ -73,6 +73,22 @@ FULL = Sizes(steps=500, eval_at=(200,), interval=10, seeds=3, worlds=(2, 4),
              quick_configs=False)
 QUICK = Sizes(steps=30, eval_at=(), interval=10, seeds=1, worlds=(2,), quick_configs=True)
 
+def bound(s: int) -> list[str]:
+    """The staleness bound S of an Asteria SOAP configuration."""
+    return ["--policy.staleness_bound", str(s)]
+
+
+RANK_DEFAULTS = ["--optim.name", "soap", "--optim.lr", "3e-3", "--optim.betas", "0.95,0.95",
+                 "--optim.weight_decay", "0", "--optim.grad_clip", "0",
+                 "--optim.warmup_steps", "0", "--optim.min_lr_ratio", "1",
+                 "--policy.workers", "1", *bound(5), "--model.n_head", "4",
+                 "--data.batch_size", "8", "--train.eval_batches", "8", "--train.threads", "1",
+                 "--train.device", "cpu", "--telemetry.nvml", "false",
+                 "--telemetry.rapl", "false"]
+"""Every rank trains with these unless its configuration says otherwise: one lr, betas and
+no weight decay, clipping or schedule for every optimizer (as Distributed Shampoo is
+configured), one refresh worker, S = 5, 8 sequences per rank and step, one torch thread."""
+
 ADAMW = "DDP AdamW"
 DS_FP32 = "Distributed Shampoo, fp32 exchange"
 DS_BF16 = "Distributed Shampoo, bf16 exchange"
@@ -81,26 +97,30 @@ SHARDED = "Asteria SOAP S=5, sharded state, exact updates"
 SHARDED_BF16 = "Asteria SOAP S=5, sharded state, bf16 updates"
 FSDP_DS = "FSDP2: Distributed Shampoo, fully-shard distributor"
 FSDP_SOAP = "FSDP2: Asteria SOAP S=5, packed factors"
-SHARDED_ARGS = ["--bound", "5", "--state", "sharded", "--pack-factors"]
-DS_ARGS = ["--optimizer", "distributed_shampoo", "--exchange-dtype"]
+SYNC_ARGS = [*bound(5), "--policy.workers", "0", "--policy.swap_delay", "0"]
+PACKED = ["--optim.pack_factors", "true"]
+FSDP2 = ["--train.data_parallel", "fsdp2"]
+SHARDED_ARGS = [*bound(5), "--runtime.distributed_state", "sharded", *PACKED]
+DS_ARGS = ["--peer", "distributed_shampoo", "--exchange-dtype"]
 # (world, label, short label for the plot, rank arguments, in the quick set, seeds: all | 1)
 CONFIGS = [
-    (2, ADAMW, "AdamW", ["--optimizer", "adamw"], True, True),
+    (2, ADAMW, "AdamW", ["--optim.name", "adamw"], True, True),
     (2, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], True, True),
     (2, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, True),
-    (2, "Asteria SOAP S=1", "S=1", ["--bound", "1"], False, True),
-    (2, "Asteria SOAP S=3", "S=3", ["--bound", "3"], False, True),
-    (2, "Asteria SOAP S=5", "S=5", ["--bound", "5"], True, True),
-    (2, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], True, True),
+    (2, "Asteria SOAP S=1", "S=1", bound(1), False, True),
+    (2, "Asteria SOAP S=3", "S=3", bound(3), False, True),
+    (2, "Asteria SOAP S=5", "S=5", bound(5), True, True),
+    (2, SYNC, "sync", SYNC_ARGS, True, True),
     (2, SHARDED, "sharded\nexact", [*SHARDED_ARGS], True, True),
-    (2, SHARDED_BF16, "sharded\nbf16", [*SHARDED_ARGS, "--update-dtype", "bf16"], False, True),
-    (2, FSDP_DS, "FSDP2\nDS", ["--optimizer", "distributed_shampoo", "--fsdp"], True, False),
-    (2, FSDP_SOAP, "FSDP2\nS=5", ["--bound", "5", "--fsdp", "--pack-factors"], True, False),
-    (4, ADAMW, "AdamW", ["--optimizer", "adamw"], False, False),
+    (2, SHARDED_BF16, "sharded\nbf16", [*SHARDED_ARGS, "--runtime.update_dtype", "bf16"], False,
+     True),
+    (2, FSDP_DS, "FSDP2\nDS", ["--peer", "distributed_shampoo", *FSDP2], True, False),
+    (2, FSDP_SOAP, "FSDP2\nS=5", [*bound(5), *FSDP2, *PACKED], True, False),
+    (4, ADAMW, "AdamW", ["--optim.name", "adamw"], False, False),
     (4, DS_FP32, "DS fp32", [*DS_ARGS, "fp32"], False, False),
     (4, DS_BF16, "DS bf16", [*DS_ARGS, "bf16"], False, False),
-    (4, "Asteria SOAP S=5", "S=5", ["--bound", "5"], False, False),
-    (4, SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], False, False),
+    (4, "Asteria SOAP S=5", "S=5", bound(5), False, False),
+    (4, SYNC, "sync", SYNC_ARGS, False, False),
     (4, SHARDED, "sharded\nexact", [*SHARDED_ARGS], False, False),
 ]
 
@@ -137,10 +157,14 @@ def launch(world: int, sizes: Sizes, args: list[str], seed: int,
         with tempfile.TemporaryDirectory(prefix="asteria-bench-ddp-") as out:
             cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                    str(world), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                   "-m", "asteria_bench.ddp_rank", "--out", out, "--steps", str(sizes.steps),
-                   "--interval", str(sizes.interval), "--n-layer", str(sizes.n_layer),
-                   "--n-embd", str(sizes.n_embd), "--block-size", str(sizes.block_size),
-                   "--seed", str(seed), "--eval-at", *map(str, sizes.eval_at), *args]
+                   "-m", "asteria_bench.ddp_rank", "--out", out, *RANK_DEFAULTS,
+                   "--train.out_dir", str(Path(out) / "runs"),
+                   "--train.steps", str(sizes.steps),
+                   "--train.eval_interval", str(min(sizes.eval_at, default=sizes.steps)),
+                   "--policy.refresh_interval", str(sizes.interval),
+                   "--model.n_layer", str(sizes.n_layer), "--model.n_embd", str(sizes.n_embd),
+                   "--model.block_size", str(sizes.block_size),
+                   "--train.seed", str(1337 + 100 * seed), *args]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT,
                                   env=env)
             if proc.returncode == 0:

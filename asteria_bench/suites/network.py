@@ -45,10 +45,10 @@ FULL = Sizes(steps=100, interval=10, rates=("100mbit", "1gbit", "10gbit"), quick
 QUICK = Sizes(steps=30, interval=10, rates=("1gbit",), quick_configs=True)
 # (label, short label, rank arguments, in the quick set)
 CONFIGS = [
-    ("Asteria SOAP S=1", "S=1", ["--bound", "1"], False),
-    ("Asteria SOAP S=3", "S=3", ["--bound", "3"], False),
-    ("Asteria SOAP S=5", "S=5", ["--bound", "5"], True),
-    (SYNC, "sync", ["--bound", "5", "--workers", "0", "--delay", "0"], True),
+    ("Asteria SOAP S=1", "S=1", distributed.bound(1), False),
+    ("Asteria SOAP S=3", "S=3", distributed.bound(3), False),
+    ("Asteria SOAP S=5", "S=5", distributed.bound(5), True),
+    (SYNC, "sync", distributed.SYNC_ARGS, True),
     (SHARDED, "sharded", SHARDED_ARGS, False),
     (DS_FP32, "DS fp32", [*distributed.DS_ARGS, "fp32"], False),
 ]

@@ -1,6 +1,7 @@
 """`straggler`: a rank whose refreshes fall behind, with owners fixed and with rebalancing.
 
-2 ranks on gloo, each pinned to a CPU of its own with its refresh worker (`ddp_rank --pin`). A GPT
+2 ranks on gloo, each pinned to a CPU of its own with its refresh worker
+(`--train.split_cpus true`). A GPT
 of width 256 (factor blocks up to 1024 wide) and S = 2, so that a round's refreshes take a real
 share of the steps they must fit in. Two kinds of straggler on rank 1:
 
@@ -51,9 +52,9 @@ QUICK = Sizes(steps=40, interval=5, repeats=1)
 SLOWER = 4.0
 """How many times its measured time rank 1's refreshes take in the slowed configurations."""
 NO_STRAGGLER = "no straggler"
-BASE = ["--bound", "2", "--pin"]
+BASE = [*distributed.bound(2), "--train.split_cpus", "true"]
 SLOWED = [*BASE, "--slower", str(SLOWER), "--slower-rank", "1"]
-MOVING = ["--rebalance-rounds", "2"]
+MOVING = ["--runtime.rebalance_rounds", "2"]
 
 
 @dataclass(frozen=True)
