@@ -133,14 +133,18 @@ class Progress:
     drawn at its run's first new step, so the lines the run logs as it starts (the control
     plane's own, on the same terminal) stand above it instead of inside it."""
 
-    def __init__(self, api: str, data_dir: Path | None = None, draw: bool = True) -> None:
+    def __init__(self, api: str, data_dir: Path | None = None, draw: bool = True,
+                 started: float | None = None) -> None:
+        """`started`: when this launch began (a run created since is its own, and is
+        announced even if it ended before the first poll); default now."""
         self.api, self.since, self.total = api, 0, 0
         self.run: str | None = None
         self.bar: tqdm[NoReturn] | None = None
         self.draw = draw
         """False (--no-progress): no bar, but a run's end is still announced."""
         self.data_dir, self.loss = data_dir, None
-        self.started, self.seen = time.time(), False
+        self.started = time.time() if started is None else started
+        self.seen = False
 
     def poll(self) -> None:
         try:
@@ -188,11 +192,24 @@ class Progress:
         runs = httpx.get(f"{self.api}/runs", timeout=2.0).json()
         self.seen = True
         if runs and runs[0]["created_at"] >= self.started and runs[0]["status"] not in ACTIVE:
-            self._announce_end(runs[0]["id"])
+            self._announce_end(runs[0]["id"], unseen=True)
 
-    def _announce_end(self, run_id: str) -> None:
-        """The run has ended: say how, where its records and checkpoint are, and what now."""
+    def _announce_end(self, run_id: str, unseen: bool = False) -> None:
+        """The run has ended: say how, where its records and checkpoint are, and what now.
+        `unseen`: it ended before any poll saw it (a short run, while the dashboard was
+        starting): its whole line is drawn at once, with its last step's figures."""
         info = httpx.get(f"{self.api}/runs/{run_id}", timeout=2.0).json()
+        if unseen and info["step"] > 0:
+            page = httpx.get(f"{self.api}/runs/{run_id}/steps",
+                             params={"since": info["step"] - 1}, timeout=2.0).json()
+            last = page["steps"][-1] if page["steps"] else None
+            self.loss = None if last is None else last["loss"]
+            if self.draw and last is not None:
+                bar = progress_bar(0, info["total_steps"])
+                bar.update(info["step"])
+                bar.set_postfix(progress_figures(last["loss"], last["tokens"],
+                                                 last["step_seconds"], last.get("eval_loss")))
+                bar.close()
         print(ended_text(info, self.loss, self.data_dir), flush=True)
         self.loss = None
 
@@ -285,6 +302,7 @@ def start(config: RunConfig, settings: Settings | None = None,
 def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: str, port: int,
          children: list[Child], stop: threading.Event, progress: bool,
          resume: str | None) -> int:
+    began = time.time()  # the default run may start and end before the dashboard is up
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cwd = _dashboard_script().parent.parent
     argv = [sys.executable, "-m", "asteria", "serve", "--config", str(config_path),
@@ -316,7 +334,7 @@ def _run(settings: Settings, config_path: Path, data_dir: Path, api: str, ui: st
     print(f"asteria: control plane  {api}  (API docs {api}/docs, metrics {api}/metrics)\n"
           f"asteria: dashboard      {ui}\n"
           "asteria: Ctrl-C stops both", flush=True)
-    line = Progress(api, data_dir, draw=progress)
+    line = Progress(api, data_dir, draw=progress, started=began)
     try:
         while not stop.is_set():
             for child in children:
