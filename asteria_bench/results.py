@@ -8,8 +8,8 @@ A suite's file holds what it measured and how:
     runs (one dict per configuration, raw step times included), plots [{file, caption}].
 A suite measures; its words (tables, the headline figures the README quotes, findings) are
 rendered from these figures by its module in asteria_bench/reports when the report is written
-(`Words`). The optimizers suite still words its file as it saves it (the same three keys:
-tables [{title, columns, rows, note}], headline {key: {value, text}}, findings [sentence]).
+(`Words`: tables [{title, columns, rows, note}], headline {key: {value, text}}, findings
+[sentence]). A file saved before its suite left the words to the report holds them itself.
 """
 
 from __future__ import annotations

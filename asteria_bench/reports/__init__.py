@@ -21,8 +21,7 @@ def fmt(value: Any, spec: str = ".0f") -> str:
 
 
 def module_of(suite: str) -> ModuleType | None:
-    """The module that words `suite`'s file; None for a suite that words its file as it saves
-    it (optimizers)."""
+    """The module that words `suite`'s file; None for a suite that has none."""
     name = suite_of(suite).replace("-", "_")
     try:
         return importlib.import_module(f"asteria_bench.reports.{name}")
@@ -35,7 +34,7 @@ def module_of(suite: str) -> ModuleType | None:
 def worded(data: dict[str, Any]) -> dict[str, Any]:
     """A suite's file with its words: rendered from its figures by its suite's module here, or
     as saved where the file holds them (a file saved before its suite left the words to the
-    report) or its suite has no module (optimizers, which words its file as it saves it)."""
+    report)."""
     module = module_of(data["suite"])
     if module is None or data.get("tables") or data.get("headline") or data.get("findings"):
         return data

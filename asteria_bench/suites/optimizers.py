@@ -29,7 +29,7 @@ at their tuned lr): every interval on the first seed, then the other seeds at ea
 quickest (`quickest`: the least wall-clock to the target). Rungs (`--rung`): the default model,
 or a large one of 4x the parameters trained on 4x the tokens. A full pass takes hours: a run cut
 short continues with `--resume` (asteria_bench/resume.py), keeping each configuration it had
-trained. Tables, findings and the headline: asteria_bench/optimizers_report.py.
+trained. Tables, findings and the headline: asteria_bench/reports/optimizers.py.
 Corpora: the default one (pydoc_data.topics, English), the built-in "python-source" one (Python
 code; asteria_core/train/data.py), and a file the user names (`--corpus PATH`).
 
@@ -61,7 +61,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from asteria_bench import optimizers_report as report
 from asteria_bench import resume, turns
 from asteria_bench.options import BenchOptions, progress
 from asteria_bench.results import SuiteResult
@@ -74,6 +73,7 @@ from asteria_bench.selection import (
     lr_text,
     other_arrangement,
     quickest,
+    seeds_of,
     target_of,
     tuning,
     widen,
@@ -89,6 +89,11 @@ TITLE = "Optimization quality: steps, wall-clock and energy to tuned AdamW's fin
 RESUMABLE = True  # hours of runs: --resume continues from the runs its JSON holds
 
 MODEL_CPU_WATTS = 15.0
+ANCHORS = {"soap_paper": "SOAP paper (Vyas et al. 2024): 40% fewer iterations than AdamW at "
+                         "360M and 660M parameters (0.60x the steps)",
+           "independent": "independent tuned comparisons: about 1.4x fewer steps at 0.1B "
+                          "parameters (about 0.71x the steps)"}
+"""The published figures the report sets the measured steps against (saved in the file)."""
 ENERGY_LABELS = {
     "nvml": "measured: NVML (GPU), evaluations included",
     "rapl": "measured: RAPL (CPU package), evaluations included",
@@ -433,7 +438,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                      "steps and at step 0)",
         "wall_clock": "sum of the step records' step_seconds (evaluations excluded)",
         "energy_sources": ENERGY_LABELS, "model_cpu_watts": MODEL_CPU_WATTS,
-        "asteria_soap_lr": "native SOAP's tuned lr", "anchors": report.ANCHORS, "corpora": {},
+        "asteria_soap_lr": "native SOAP's tuned lr", "anchors": ANCHORS, "corpora": {},
         "planned_runs": planned_runs(sizes, len(sizes.corpora) + bool(opts.corpus),
                                      len(_peer_names(opts))),
         "peers": {peer: _peer_label(peer) for peer in _peer_names(opts)},  # with versions
@@ -445,12 +450,68 @@ def run(opts: BenchOptions) -> SuiteResult:
             if opts.resume else {}
         for i, (key, path) in enumerate(corpora):
             corpus_runs = train_corpus(key, path, sizes, opts, tmp, result, kept, first=i == 0)
-            report.report_corpus(result, key, corpus_runs, opts.out_dir)
+            result.plots.extend(plot_corpus(result, key, corpus_runs, opts.out_dir))
             result.save(opts.out_dir)
     resume.settle(result)
-    report.headline(result)
     result.save(opts.out_dir)
     return result
+
+
+def config_text(run: dict[str, Any]) -> str:
+    """lr, and the refresh interval where the run set one (the plot's and the report's label)."""
+    text = f"lr {lr_text(run['lr'])}"
+    return text if run.get("interval") is None else f"{text}, interval {run['interval']}"
+
+
+def plot_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
+                out_dir: Path) -> list[dict[str, str]]:
+    """One PNG, two panels: validation loss against step and against training wall-clock, of
+    each family's tuned run and each SOAP's quickest interval, first seed, in the suite's
+    arrangement; none before tuned AdamW has trained."""
+    here = result.config.get("arrangement", SHARED)
+    target = target_of(runs, here)
+    if target is None:
+        return []
+    desc = result.config["corpora"][key]["description"]
+    tuned = {family: seeds_of(runs, best) for family in dict.fromkeys(r["family"] for r in runs)
+             if (best := best_of(runs, family, here)) is not None}
+    shown = [r for r in runs if arrangement_of(r) == here and tuning(r)
+             and r in tuned.get(r["family"], [])]
+    shown += [q for f in ("soap", "asteria_soap")
+              if (q := quickest(runs, f, target, here)) is not None and q not in shown]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_wall) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in shown:
+        label = f"{r['label']} ({config_text(r)})"
+        steps = [p["step"] for p in r["curve"]]
+        walls = [p["wall_s"] for p in r["curve"]]
+        losses = [p["val_loss"] for p in r["curve"]]
+        by_step.plot(steps, losses, marker="o", markersize=3, label=label)
+        by_wall.plot(walls, losses, marker="o", markersize=3, label=label)
+    for ax, xlabel in ((by_step, "step"), (by_wall, "training wall-clock, s (measured)")):
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1,
+                   label=f"tuned AdamW's final loss {target:.3f}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation loss")
+        ax.set_ylim(top=min(max(p["val_loss"] for r in shown for p in r["curve"][1:]) + 0.2,
+                            6.0))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    by_step.set_title(f"validation loss against step: {key}")
+    by_wall.set_title(f"validation loss against wall-clock: {key}")
+    fig.tight_layout()
+    name = f"optimizers-{key}-loss.png"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_dir / name, dpi=100)
+    plt.close(fig)
+    return [{"file": name, "caption": "Validation loss against step and against training "
+                                     "wall-clock, each optimizer at its tuned lr (each SOAP also "
+                                     "at its quickest refresh interval), first seed, on the "
+                                     f"{desc} corpus; the dashed line is the target"}]
 
 
 def write_corpora(sizes: Sizes, user_corpus: Path | None, tmp: Path,

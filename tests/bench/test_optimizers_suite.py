@@ -11,6 +11,8 @@ import pytest
 from asteria import cli
 from asteria_bench import resume, selection
 from asteria_bench.options import BenchOptions
+from asteria_bench.reports import optimizers as report
+from asteria_bench.results import Words
 from asteria_bench.suites import load
 from asteria_bench.suites import optimizers as suite
 
@@ -30,6 +32,17 @@ def options(tmp_path: Path, corpus: str | None = None) -> BenchOptions:
     return BenchOptions(quick=True, out_dir=tmp_path / "out", corpus=corpus, device="cpu",
                         peers=False, command="asteria bench optimizers --quick",
                         progress=False)
+
+
+def read(out_dir: Path) -> tuple[dict, dict]:
+    """The suite's file as saved (figures only: the report words it), with the report's words,
+    and its runs as the report reads them (each with its ratios to tuned AdamW); the figures
+    behind the report's tables, per corpus."""
+    data = json.loads((out_dir / "optimizers.json").read_text())
+    assert not (data["tables"] or data["headline"] or data["findings"])
+    assert "summary" not in data["config"] and not any("steps_ratio" in r for r in data["runs"])
+    reading = report.read(data, Words())
+    return {**data, **reading.words.worded(), "runs": reading.runs}, reading.summaries
 
 
 def curve(*points):
@@ -88,7 +101,7 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     user = tmp_path / "mine.txt"
     user.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     result = load("optimizers").run(options(tmp_path, corpus=str(user)))
-    data = json.loads((tmp_path / "out" / "optimizers.json").read_text())
+    data, summaries = read(tmp_path / "out")
     adamw = min((r for r in data["runs"] if r["corpus"] == "default" and r["family"] == "adamw"),
                 key=lambda r: r["final_val_loss"])
     adamw_lr = adamw["lr"]
@@ -130,7 +143,7 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
         ["AdamW", "device-host"], ["Muon", "device-host"], ["SOAP (native)", "device-host"],
         ["Asteria-SOAP", "device-host"], ["AdamW", "shared"], ["SOAP (native)", "shared"],
         ["Asteria-SOAP", "shared"]]
-    summary = data["config"]["summary"]["default"]
+    summary = summaries["default"]
     assert set(summary["race"]) == {"device-host", "shared"}
     assert any("device-host arrangement: Asteria-SOAP's quickest configuration" in f
                for f in data["findings"])
@@ -157,7 +170,7 @@ def test_a_tiny_run_writes_the_suite_json(tmp_path, monkeypatch):
     assert any("published anchors" in f for f in data["findings"])
     assert any("against native SOAP at the same lr" in f for f in data["findings"])
     assert any("AdamW's tuned lr" in f and "grid" in f for f in data["findings"])
-    assert result.headline == data["headline"]
+    assert not result.headline and result.plots == data["plots"]
 
 
 def fake(family, lr=1e-2, seed=0, interval=None, arrangement="device-host", wall=10.0,
@@ -172,8 +185,6 @@ def fake(family, lr=1e-2, seed=0, interval=None, arrangement="device-host", wall
 
 
 def test_the_race_takes_each_soaps_quickest_interval_and_compares_medians():
-    from asteria_bench import optimizers_report as report
-
     runs = [fake("adamw", 3e-3, final=1.5), fake("adamw", 3e-3, seed=1, final=1.5),
             fake("muon", wall=20.0), fake("muon", seed=1, wall=30.0),
             fake("soap", wall=40.0), fake("soap", interval=2, wall=30.0),
@@ -245,11 +256,11 @@ SEEDED = suite.Sizes(
 def test_seeds_intervals_and_a_widened_grid(tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "QUICK", SEEDED)
     load("optimizers").run(options(tmp_path))
-    data = json.loads((tmp_path / "out" / "optimizers.json").read_text())
+    data, summaries = read(tmp_path / "out")
     runs = data["runs"]
     adamw = [r for r in runs if r["family"] == "adamw" and not r["seed"]]
     assert len(adamw) == 3  # two lrs, and one past the edge the best sat at
-    summary = data["config"]["summary"]["default"]
+    summary = summaries["default"]
     assert summary["grids"]["adamw"]["lrs"] == sorted(r["lr"] for r in adamw)
     for family in ("adamw", "soap", "asteria_soap"):
         assert summary["tuned"][f"{family}/shared"]["seeds"] == 2

@@ -1,25 +1,24 @@
-"""The optimizers suite's tables, plot, findings and headline, from its runs.
+"""The optimizers suite's words: its tables, findings and headline, from the runs its file holds.
 
 asteria_bench/suites/optimizers.py trains the runs and chooses what to train next with the same
-selection (`best_of`, `quickest`, `target_of`); this module only reads them, so a change here
-leaves a run it would continue (`--resume`) as it was. Per corpus: every tuning run in the
-suite's arrangement; the tuned configurations over seeds; SOAP against the refresh interval;
-the race to tuned AdamW's loss (AdamW, Muon, native and Asteria-SOAP, each at its quickest, in
-each arrangement, against the goals in GOALS); the race's steps part by part; the lr grids; a
-plot; findings. The headline: SOAP's and KL-Shampoo's steps, and Asteria-SOAP's wall-clock
-against Muon's and native SOAP's.
+selection (`best_of`, `quickest`, `target_of`); this module only reads them. Per corpus: every
+tuning run in the suite's arrangement; the tuned configurations over seeds; SOAP against the
+refresh interval; the race to tuned AdamW's loss (AdamW, Muon, native and Asteria-SOAP, each at
+its quickest, in each arrangement, against the goals in GOALS); the race's steps part by part;
+the lr grids; findings. The headline: SOAP's and KL-Shampoo's steps, and Asteria-SOAP's
+wall-clock against Muon's and native SOAP's. `summaries` gives the figures behind the tables.
 """
 
 from __future__ import annotations
 
-import os
+import copy
 import statistics
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from asteria_bench import turns
 from asteria_bench.reports import fmt
-from asteria_bench.results import SuiteResult
+from asteria_bench.results import Table, Wording, Words
 from asteria_bench.selection import (
     RACE,
     SHARED,
@@ -37,12 +36,9 @@ from asteria_bench.selection import (
     target_of,
     tuning,
 )
+from asteria_bench.suites.optimizers import config_text
 from asteria_core.policy import Policy
 
-ANCHORS = {"soap_paper": "SOAP paper (Vyas et al. 2024): 40% fewer iterations than AdamW at "
-                         "360M and 660M parameters (0.60x the steps)",
-           "independent": "independent tuned comparisons: about 1.4x fewer steps at 0.1B "
-                          "parameters (about 0.71x the steps)"}
 GOALS = {"wall_vs_muon": 0.9, "wall_vs_native": 0.9, "energy_vs_muon": 1.0,
          "steps_vs_native": 1.02}
 """Asteria-SOAP's quickest configuration against tuned Muon's and native SOAP's quickest
@@ -53,10 +49,47 @@ PARTS = ("data", "forward", "backward", "optimizer", "boundary", "refresh_wait",
 """A step's parts as the step records split it (telemetry: phases, then causes of waiting)."""
 
 
-def _config(r: dict[str, Any]) -> str:
-    """lr, and the refresh interval where the run set one."""
-    text = f"lr {lr_text(r['lr'])}"
-    return text if r.get("interval") is None else f"{text}, interval {r['interval']}"
+@dataclass
+class Reading:
+    """One file as this module reads it: its config, a copy of its runs (the functions below
+    add each run's ratios to it), the cores of the machine it ran on, the words written and the
+    figures behind them (`summaries`, per corpus)."""
+
+    words: Wording
+    config: dict[str, Any]
+    runs: list[dict[str, Any]]
+    cores: int
+    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def table(self, title: str, columns: list[str], note: str = "") -> Table:
+        return self.words.table(title, columns, note)
+
+    def quote(self, key: str, value: Any, text: str) -> None:
+        self.words.quote(key, value, text)
+
+    @property
+    def findings(self) -> list[str]:
+        return self.words.findings
+
+
+def read(data: dict[str, Any], words: Wording) -> Reading:
+    """Every corpus's tables and findings, then the headline, into `words`."""
+    reading = Reading(words, data["config"], copy.deepcopy(data["runs"]),
+                      data["machine"]["cores"])
+    for key in data["config"]["corpora"]:
+        report_corpus(reading, key, [r for r in reading.runs if r["corpus"] == key])
+    headline(reading)
+    return reading
+
+
+def render(data: dict[str, Any], words: Words) -> None:
+    read(data, words)
+
+
+def summaries(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The figures behind the tables, per corpus: tuned (over seeds), intervals, race, parts,
+    grids."""
+    return read(data, Words()).summaries
 
 
 def _interval(r: dict[str, Any]) -> int | None:
@@ -66,9 +99,8 @@ def _interval(r: dict[str, Any]) -> int | None:
     return r.get("interval") or Policy().refresh_interval
 
 
-def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
-                  out_dir: Path) -> None:
-    """The corpus's target, ratios, efficiency, tables and plot; its findings."""
+def report_corpus(result: Reading, key: str, runs: list[dict[str, Any]]) -> None:
+    """The corpus's target, ratios, efficiency and tables; its findings."""
     here = result.config.get("arrangement", SHARED)
     adamw = best_of(runs, "adamw", here)
     if adamw is None:
@@ -123,10 +155,6 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
                   fmt(got.get("energy_j"), ".0f"), fmt(r["energy_to_target_ratio"], ".2f"),
                   fmt(r["energy_j"], ".0f"), fmt(r["efficiency"], ".3f"))
     families = list(dict.fromkeys(r["family"] for r in main))
-    shown = [r for r in main if r["tuned"]]
-    shown += [q for f in ("soap", "asteria_soap")
-              if (q := quickest(runs, f, target, here)) is not None and q not in shown]
-    result.plots.append(plot_corpus(shown, key, desc, target, out_dir))
     report_seeds(result, key, runs, target, families)
     report_intervals(result, key, runs, target, here)
     report_race(result, key, runs, target, here)
@@ -135,8 +163,8 @@ def report_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
     findings_corpus(result, key, desc, main, adamw, here)
 
 
-def _summary(result: SuiteResult, key: str) -> dict[str, Any]:
-    return result.config.setdefault("summary", {}).setdefault(key, {})
+def _summary(result: Reading, key: str) -> dict[str, Any]:
+    return result.summaries.setdefault(key, {})
 
 
 def seed_figures(group: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -158,7 +186,7 @@ def _cell(figure: dict[str, Any], spec: str) -> str:
     return text + (f" ({figure['missing']} never)" if figure["missing"] else "")
 
 
-def report_seeds(result: SuiteResult, key: str, runs: list[dict[str, Any]], target: float,
+def report_seeds(result: Reading, key: str, runs: list[dict[str, Any]], target: float,
                  families: list[str]) -> None:
     """Every tuned configuration over its seeds: median [min, max]."""
     table = result.table(
@@ -214,7 +242,7 @@ def interval_groups(runs: list[dict[str, Any]], family: str,
     return dict(sorted(groups.items()))
 
 
-def report_intervals(result: SuiteResult, key: str, runs: list[dict[str, Any]],
+def report_intervals(result: Reading, key: str, runs: list[dict[str, Any]],
                      target: float, here: str) -> None:
     """Native and Asteria-SOAP at their tuned lr against the refresh interval."""
     found = [r for r in runs if r.get("interval") is not None]
@@ -280,7 +308,7 @@ def race(runs: list[dict[str, Any]], target: float,
     return out
 
 
-def report_race(result: SuiteResult, key: str, runs: list[dict[str, Any]], target: float,
+def report_race(result: Reading, key: str, runs: list[dict[str, Any]], target: float,
                 here: str) -> None:
     """AdamW, Muon, native and Asteria-SOAP at their quickest, in each arrangement."""
     table = result.table(
@@ -318,7 +346,7 @@ def _goal(value: float | None, goal: float) -> str:
     return f"{value:.2f}x (goal at most {goal:g}x: {'met' if value <= goal else 'missed'})"
 
 
-def race_findings(result: SuiteResult, key: str, arrangement: str,
+def race_findings(result: Reading, key: str, arrangement: str,
                   entries: dict[str, dict[str, Any]], runs: list[dict[str, Any]],
                   target: float) -> None:
     ours = entries.get("asteria_soap")
@@ -354,7 +382,7 @@ def race_findings(result: SuiteResult, key: str, arrangement: str,
         f"the same refresh interval: {'; '.join(said)}{verdict}.")
 
 
-def report_parts(result: SuiteResult, key: str, runs: list[dict[str, Any]], target: float,
+def report_parts(result: Reading, key: str, runs: list[dict[str, Any]], target: float,
                  here: str) -> None:
     """Where each race configuration's step goes, part by part (ms per step, median over
     seeds): the optimizer's update (Muon's Newton-Schulz against SOAP's projections and
@@ -382,11 +410,11 @@ def report_parts(result: SuiteResult, key: str, runs: list[dict[str, Any]], targ
     out = _summary(result, key).setdefault("parts", {})
     for best, arrangement, seeds, parts in rows:
         out[f"{best['family']}/{arrangement}"] = {"interval": _interval(best), **parts}
-        table.add(best["label"], arrangement, _config(best), seeds,
+        table.add(best["label"], arrangement, config_text(best), seeds,
                   f"{sum(parts.values()):.1f}", *(f"{parts[p]:.1f}" for p in shown))
 
 
-def report_grids(result: SuiteResult, key: str, runs: list[dict[str, Any]], here: str) -> None:
+def report_grids(result: Reading, key: str, runs: list[dict[str, Any]], here: str) -> None:
     """Each family's lr grid as it ran, its tuned lr, and whether that lies inside it."""
     table = result.table(f"Learning-rate grids, {key} corpus",
                          ["optimizer", "lrs run", "tuned lr", "bracketed"],
@@ -406,46 +434,7 @@ def report_grids(result: SuiteResult, key: str, runs: list[dict[str, Any]], here
                   "yes" if inside else "no")
 
 
-def plot_corpus(runs: list[dict[str, Any]], key: str, desc: str, target: float,
-                out_dir: Path) -> dict[str, str]:
-    """One PNG, two panels: validation loss against step and against training wall-clock, of
-    `runs` (each family's tuned run, and each SOAP's quickest interval)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_step, by_wall) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in runs:
-        label = f"{r['label']} ({_config(r)})"
-        steps = [p["step"] for p in r["curve"]]
-        walls = [p["wall_s"] for p in r["curve"]]
-        losses = [p["val_loss"] for p in r["curve"]]
-        by_step.plot(steps, losses, marker="o", markersize=3, label=label)
-        by_wall.plot(walls, losses, marker="o", markersize=3, label=label)
-    for ax, xlabel in ((by_step, "step"), (by_wall, "training wall-clock, s (measured)")):
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1,
-                   label=f"tuned AdamW's final loss {target:.3f}")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation loss")
-        ax.set_ylim(top=min(max(p["val_loss"] for r in runs for p in r["curve"][1:]) + 0.2,
-                            6.0))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    by_step.set_title(f"validation loss against step: {key}")
-    by_wall.set_title(f"validation loss against wall-clock: {key}")
-    fig.tight_layout()
-    name = f"optimizers-{key}-loss.png"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / name, dpi=100)
-    plt.close(fig)
-    return {"file": name, "caption": "Validation loss against step and against training "
-                                     "wall-clock, each optimizer at its tuned lr (each SOAP also "
-                                     "at its quickest refresh interval), first seed, on the "
-                                     f"{desc} corpus; the dashed line is the target"}
-
-
-def findings_corpus(result: SuiteResult, key: str, desc: str, runs: list[dict[str, Any]],
+def findings_corpus(result: Reading, key: str, desc: str, runs: list[dict[str, Any]],
                     adamw: dict[str, Any], here: str) -> None:
     base = reach(adamw["curve"], adamw["final_val_loss"])
     result.findings.append(
@@ -482,7 +471,7 @@ def findings_corpus(result: SuiteResult, key: str, desc: str, runs: list[dict[st
     if native and ours:
         reached = [f"step {x['to_target']['step']:.0f}" if x["to_target"] else "never"
                    for x in (native, ours)]
-        cores = len(os.sched_getaffinity(0))
+        cores = result.cores
         where = f"{here} arrangement: {turns.ARRANGEMENTS[here]}"
         if here == SHARED:
             shares = "shares the training's cores" if \
@@ -501,7 +490,7 @@ def findings_corpus(result: SuiteResult, key: str, desc: str, runs: list[dict[st
             f"{native['wall_s']:.0f} s ({where}).")
 
 
-def grid_findings(result: SuiteResult, key: str, runs: list[dict[str, Any]], here: str) -> None:
+def grid_findings(result: Reading, key: str, runs: list[dict[str, Any]], here: str) -> None:
     """Whether each tuned lr lies inside its grid, or at an edge (where a wider grid might win)."""
     for family in dict.fromkeys(r["family"] for r in runs):
         lrs = sorted(r["lr"] for r in runs if r["family"] == family)
@@ -515,7 +504,7 @@ def grid_findings(result: SuiteResult, key: str, runs: list[dict[str, Any]], her
             f"{{{', '.join(map(lr_text, lrs))}}} is {where}.")
 
 
-def quote_race(result: SuiteResult, key: str, here: str) -> None:
+def quote_race(result: Reading, key: str, here: str) -> None:
     """Asteria-SOAP's quickest against Muon's and native SOAP's quickest, in the suite's
     arrangement, as headline figures."""
     entry = _summary(result, key).get("race", {}).get(here, {}).get("asteria_soap")
@@ -534,7 +523,7 @@ def quote_race(result: SuiteResult, key: str, here: str) -> None:
                      "(a configuration never reaches the target)")
 
 
-def headline(result: SuiteResult) -> None:
+def headline(result: Reading) -> None:
     """The README's figures: SOAP's and KL-Shampoo's steps-to-AdamW-loss ratio per corpus,
     Asteria-SOAP's wall-clock to that loss against Muon's and native SOAP's, and the honest
     comparison to the published anchors."""
@@ -569,10 +558,11 @@ def headline(result: SuiteResult) -> None:
         steps = result.runs[0]["steps"]
         tokens = steps * (result.runs[0]["tokens_per_step"] or 0)
         lrs = result.config["adamw_lrs"]
+        anchors = result.config["anchors"]
         tuning = f"AdamW at lr {lr_text(lrs[0])} only (the grid skipped)" \
             if len(lrs) == 1 else f"AdamW tuned over lr {', '.join(map(lr_text, lrs))}"
         result.findings.append(
-            f"Against the published anchors ({ANCHORS['soap_paper']}; {ANCHORS['independent']}):"
+            f"Against the published anchors ({anchors['soap_paper']}; {anchors['independent']}):"
             f" SOAP needs {' and '.join(measured)} here. The setting differs: a "
             f"{params / 1e6:.2f}M-parameter byte-level GPT trained for {steps} steps (about "
             f"{tokens / 1e6:.1f}M tokens, one seed, {tuning}) against 100M-660M-parameter models "
