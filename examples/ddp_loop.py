@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--steps", type=int, default=300)
     cli.add_argument("--port", type=int, default=int(os.environ.get("ASTERIA_PORT", "8000")),
-                     help="rank 0's control plane (default ASTERIA_PORT or 8000); -1: none")
+                     help="rank 0's control plane (default ASTERIA_PORT or 8000); 0: any free "
+                     "port; -1: none")
     cli.add_argument("--metrics-port", type=int, default=9400,
                      help="rank r > 0 serves /metrics on PORT + r; 0: any free port; -1: none")
     cli.add_argument("--data-dir", default="asteria-data")

@@ -6,6 +6,7 @@ through ddp_paced.py: the example unchanged, its steps paced so the job idles be
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,24 +81,25 @@ def ddp_example(folder: Path) -> Iterator[DdpExample]:
     """The example on 2 ranks, training until the block ends; yields once both ranks have
     stepped and rank 1's target file names its /metrics."""
     data, log = folder / "data", folder / "ddp.log"
-    port = free_port()
     env = {**os.environ, "ASTERIA_TOKEN": TOKEN, "ASTERIA_STORE_FLUSH_SECONDS": "0.1",
            "OMP_NUM_THREADS": "1"}
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
              "--master-port", str(free_port()), str(PACED), "--steps", "10000000",
-             "--port", str(port), "--metrics-port", "0", "--data-dir", str(data)],
+             "--port", "0", "--metrics-port", "0", "--data-dir", str(data)],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_SECONDS
-        run_id = None
+        url = run_id = None
         while run_id is None or not (data / "targets" / "asteria-rank1.yml").exists():
             assert proc.poll() is None, f"the job ended: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"not started: {log.read_text()[-3000:]}"
             time.sleep(0.5)
-            run_id = (_get(f"{url}/healthz") or {}).get("active_run")
+            # Port 0: rank 0 binds a free port itself and prints its URL (no port to race for).
+            url = url or next(iter(re.findall(r"control plane on (http://\S+)",
+                                              log.read_text())), None)
+            run_id = url and (_get(f"{url}/healthz") or {}).get("active_run")
         job = DdpExample(url, run_id, data, log)
         while not all(r["reachable"] and r["figures"]["step"] for r in job.ranks()["ranks"]):
             assert time.monotonic() < deadline, f"ranks not stepping: {job.ranks()}"
