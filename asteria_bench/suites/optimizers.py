@@ -476,7 +476,7 @@ def plot_corpus(result: SuiteResult, key: str, runs: list[dict[str, Any]],
     tuned = {family: seeds_of(runs, best) for family in dict.fromkeys(r["family"] for r in runs)
              if (best := best_of(runs, family, here)) is not None}
     shown = [r for r in runs if arrangement_of(r) == here and tuning(r)
-             and r in tuned.get(r["family"], [])]
+             and not r.get("seed") and r in tuned.get(r["family"], [])]
     shown += [q for f in ("soap", "asteria_soap")
               if (q := quickest(runs, f, target, here)) is not None and q not in shown]
     import matplotlib
