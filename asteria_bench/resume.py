@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asteria_bench.results import SuiteResult, git_info
-from asteria_bench.suites import measured_paths
+from asteria_bench.suites import NOT_RUN, measured_paths
 
 ROOT = Path(__file__).resolve().parents[1]  # asteria_core, asteria_bench and backend lie here
 SAME_MACHINE = ("cpu", "cores", "python", "torch", "device")
@@ -34,6 +34,8 @@ def code_digest(suite: str) -> str:
         path = ROOT / rel
         files = sorted(path.rglob("*.py")) if path.is_dir() else ([path] if path.is_file() else [])
         for file in files:
+            if file.relative_to(ROOT).as_posix() in NOT_RUN:
+                continue
             digest.update(file.relative_to(ROOT).as_posix().encode() + b"\0")
             digest.update(file.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

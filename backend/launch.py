@@ -160,7 +160,10 @@ class Progress:
                     self._announce_end(ended)
                 if run is not None:
                     info = httpx.get(f"{self.api}/runs/{run}", timeout=2.0).json()
-                    self.run, self.since, self.total = run, info["step"], info["total_steps"]
+                    # from its newest record on: a run first seen after its last step (writing
+                    # its final checkpoint) still has a loss to show
+                    self.run, self.total = run, info["total_steps"]
+                    self.since = max(info["step"] - 1, 0)
                     self.seen = True
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass  # tried again at the next poll; a child that died is noticed by the caller

@@ -24,6 +24,9 @@ DRIVERS = ("asteria_bench/turns.py", "asteria_bench/clocks.py", "asteria_bench/p
            "asteria_bench/peers.py", "asteria_bench/ddp_rank.py", "asteria_bench/slower_host.py",
            "asteria_bench/selection.py")
 SERVED = ("serving", "autopilot", "network")
+NOT_RUN = ("backend/launch.py",)
+"""Files under those paths that no suite runs: `asteria start`'s launcher, a client of the
+control plane (the suites run `asteria serve`, the trainer and their own ranks)."""
 
 
 def suite_of(name: str) -> str:
@@ -33,6 +36,7 @@ def suite_of(name: str) -> str:
 
 
 def measured_paths(name: str) -> tuple[str, ...]:
+    """The paths whose change makes `name`'s figures stale (less NOT_RUN)."""
     name = suite_of(name)
     module = f"asteria_bench/suites/{name.replace('-', '_')}.py"
     return ("asteria_core", module, *DRIVERS, *(("backend",) if name in SERVED else ()))

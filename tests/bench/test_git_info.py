@@ -67,6 +67,22 @@ def test_a_suite_is_stale_once_the_code_it_measures_changes(repo):
     assert freshness(data, repo) == "stale: the code it measures changed since"
 
 
+def test_a_served_suite_measures_the_control_plane_but_not_the_launcher(repo):
+    """`asteria start`'s launcher (backend/launch.py) is a client no suite runs."""
+    for path in ("backend/app.py", "backend/launch.py"):
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text("1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "backend")
+    data = {**suite_file(repo), "suite": "serving", "command": "asteria bench serving"}
+    (repo / "backend/launch.py").write_text("2\n")
+    git(repo, "commit", "-qam", "launcher")
+    assert freshness(data, repo) == "fresh"
+    (repo / "backend/app.py").write_text("2\n")
+    git(repo, "commit", "-qam", "control plane")
+    assert freshness(data, repo) == "stale: the code it measures changed since"
+
+
 def test_a_suite_cut_short_is_partial_and_names_the_command_that_completes_it(repo):
     data = suite_file(repo, complete=False)
     assert freshness(data, repo) == ("partial: cut short before its end; `asteria bench "
