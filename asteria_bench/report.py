@@ -119,7 +119,9 @@ def render_report(found: dict[str, dict[str, Any]], out_dir: Path, report_path: 
     suites = _ordered(found)
     state = {d["suite"]: freshness(d) for d in suites}
     lines += ["A suite is fresh when it ran on a clean tree (`git.dirty` false) and the code it "
-              "measures has not changed since its commit; a stale suite's figures are flagged "
+              "measures (asteria_core, its own module and the bench's shared drivers, and for "
+              "the suites that serve a run the control plane, not `asteria start`'s launcher) "
+              "has not changed since its commit; a stale suite's figures are flagged "
               "until `asteria bench SUITE --publish` runs it again, and a partial one's (a run "
               "cut short) until it runs again or, where the suite can, `--resume` completes "
               "it.", "",

@@ -31,12 +31,14 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 600
 CONTROL_PORT, METRICS_PORT, RDZV_PORT = 8000, 9400, 29500
 STALENESS = 3
+CHECKPOINT_EVERY = 20
 STALL_SECONDS = 240
 """A hang guard: the restarted ranks record a step within seconds on a loaded machine."""
 TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32",
         "--model.block_size", "32", "--data.batch_size", "4", "--train.steps", str(STEPS),
         "--train.eval_interval", "100", "--train.eval_batches", "2", "--train.threads", "1",
-        "--train.checkpoint_interval", "20", "--optim.name", "soap", "--optim.lr", "3e-3",
+        "--train.checkpoint_interval", str(CHECKPOINT_EVERY), "--optim.name", "soap",
+        "--optim.lr", "3e-3",
         "--policy.refresh_interval", "5", "--policy.staleness_bound", "2", "--policy.workers",
         "1", "--telemetry.nvml", "false", "--telemetry.rapl", "false", "--no-progress"]
 
@@ -170,12 +172,16 @@ def _run(node0: netns.Node, node1: netns.Node, procs: list[subprocess.Popen], ou
     version, effective = accepted.json()["version"], accepted.json()["effective_step"]
 
     def applied() -> int | None:
+        """The step, once the change is in force and both ranks are past their first
+        checkpoint (rank 0 ends a step only after rank 1 has begun it): the restart resumes
+        this run (killed before its first checkpoint, it would train a new one)."""
         change = next(c for c in get(f"/runs/{run_id}/policy/history").json()
                       if c["version"] == version)
         step = get(f"/runs/{run_id}").json()["step"]
-        return step if change["applied_at"] is not None else None
+        in_force = change["applied_at"] is not None and step > CHECKPOINT_EVERY + 1
+        return step if in_force else None
 
-    killed_at = poll(node0, applied, 120, "the policy change in force", procs)
+    killed_at = poll(node0, applied, 120, "the policy change in force after a checkpoint", procs)
     assert killed_at < STEPS - 100, f"the run is nearly done ({killed_at}): too late to kill"
     victim = rank_pid(procs[1].pid, 1)
     assert victim is not None, "no process of rank 1 under node 1's torchrun"
