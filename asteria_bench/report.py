@@ -16,7 +16,7 @@ from typing import Any
 
 from asteria_bench import reports, results
 from asteria_bench import suites as suite_modules
-from asteria_bench.suites import NOT_RUN, SUITES, measured_paths, suite_of
+from asteria_bench.suites import SUITES, measured_pathspecs, suite_of
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -79,9 +79,8 @@ def freshness(data: dict[str, Any], root: Path = CHECKOUT) -> str:
         return "stale: measured on a tree with uncommitted changes"
     try:
         done = subprocess.run(["git", "log", "--format=%H", f"{commit}..HEAD", "--",
-                               *measured_paths(data["suite"]),
-                               *(f":(exclude){path}" for path in NOT_RUN)],
-                              cwd=root, capture_output=True, text=True, timeout=30)
+                               *measured_pathspecs(data["suite"])], cwd=root,
+                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return "stale: no git history to compare with"
     if done.returncode != 0:

@@ -40,3 +40,8 @@ def measured_paths(name: str) -> tuple[str, ...]:
     name = suite_of(name)
     module = f"asteria_bench/suites/{name.replace('-', '_')}.py"
     return ("asteria_core", module, *DRIVERS, *(("backend",) if name in SERVED else ()))
+
+
+def measured_pathspecs(name: str) -> tuple[str, ...]:
+    """`measured_paths` less NOT_RUN, as git pathspecs."""
+    return (*measured_paths(name), *(f":(exclude){path}" for path in NOT_RUN))
